@@ -1,0 +1,28 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Each builds the local virtual environment on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PLUGINS := $(wildcard plugins/*/pyproject.toml)
+STAMP := $(VENV)/.mmproc-installed
+
+.PHONY: demo test venv lint clean
+
+venv: $(STAMP)
+
+# torch first, pinned: these builds lie on the machine's disk; any other version is a multi-GB fetch.
+$(STAMP): pyproject.toml $(PLUGINS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "torch==2.14.1" "torchvision==0.29.1"
+	$(BIN)/pip install -q -e ".[test]" $(foreach p,$(dir $(PLUGINS)),-e ./$(p))
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mmproc demo
+
+test: $(STAMP)
+	$(BIN)/ruff check core plugins tests benchmarks
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV)
