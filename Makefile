@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml $(PLUGINS)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/mmproc demo
+	$(BIN)/mmproc plugins
 
 test: $(STAMP)
 	$(BIN)/ruff check core plugins tests benchmarks

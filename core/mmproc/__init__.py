@@ -11,9 +11,20 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 # Public names that pull in heavy modules are resolved on first attribute access (PEP 562).
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "Registry": "mmproc.registry",
+    "get_registry": "mmproc.registry",
+    "hookimpl": "mmproc.hookspecs",
+    "ModelContext": "mmproc.context",
+}
 
-__all__: list[str] = ["__version__"]
+__all__ = [
+    "ModelContext",
+    "Registry",
+    "__version__",
+    "get_registry",
+    "hookimpl",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -32,4 +43,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    pass
+    from mmproc.context import ModelContext
+    from mmproc.hookspecs import hookimpl
+    from mmproc.registry import Registry, get_registry

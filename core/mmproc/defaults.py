@@ -1,0 +1,68 @@
+"""The core's own implementations of the model hooks, registered ``trylast``.
+
+A model implements only what differs from these. Hooks with no sensible default
+(``get_mm_fields``, ``get_prompt_updates``, ``get_dummy_text``) have none here: the facade in
+:mod:`mmproc.model_hooks` reports a model that leaves one out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mmproc.context import ModelContext
+from mmproc.errors import ProcessorLoadError
+from mmproc.hookspecs import hookimpl
+
+__all__ = ["HF_MODALITY_KWARGS", "DefaultModel"]
+
+#: The keyword an HF processor takes each modality's items under.
+HF_MODALITY_KWARGS: Mapping[str, str] = {"image": "images", "video": "videos", "audio": "audio"}
+
+
+class DefaultModel:
+    """Defaults every model gets; each runs only when the model's own hook gives no answer."""
+
+    @hookimpl(trylast=True)
+    def load_hf_processor(self, ctx: ModelContext) -> Any:
+        """transformers' ``AutoProcessor`` from the local folder, never the hub."""
+        folder = ctx.require_model_path()
+        from transformers import AutoProcessor
+
+        kwargs = dict(ctx.option("hf_processor_kwargs") or {})
+        try:
+            return AutoProcessor.from_pretrained(str(folder), local_files_only=True, **kwargs)
+        except Exception as exc:
+            raise ProcessorLoadError(
+                f"{ctx.architecture} (plugin {ctx.plugin!r}): cannot build the HF processor "
+                f"from {folder}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    @hookimpl(trylast=True)
+    def process_mm_data(
+        self,
+        ctx: ModelContext,
+        prompt: str,
+        mm_items: Mapping[str, Sequence[Any]],
+        processor: Any,
+        hf_kwargs: Mapping[str, Any],
+    ) -> Mapping[str, Any]:
+        """Call the processor with text and each modality under its HF keyword."""
+        kwargs: dict[str, Any] = {"text": [prompt], "return_tensors": "pt"}
+        for modality, items in mm_items.items():
+            if not items:
+                continue
+            if modality == "audio":
+                kwargs["audio"] = [item.waveform for item in items]
+                rates = {item.sample_rate for item in items}
+                if len(rates) == 1:
+                    kwargs.setdefault("sampling_rate", rates.pop())
+            else:
+                kwargs[HF_MODALITY_KWARGS.get(modality, modality)] = list(items)
+        kwargs.update(hf_kwargs)
+        return processor(**kwargs)
+
+    @hookimpl(trylast=True)
+    def supports_concurrency(self, ctx: ModelContext) -> bool:
+        """Per-thread deep copies make every processor safe to run concurrently by default."""
+        return True

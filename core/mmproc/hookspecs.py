@@ -1,0 +1,188 @@
+"""The hook specifications: the contract between the mmproc core and a model plugin.
+
+There are two layers, both pluggy hooks under the project name ``"mmproc"``:
+
+* **Discovery** (:class:`DiscoverySpec`): a plugin distribution names a light module in the
+  ``mmproc.plugins`` entry-point group. That module implements ``mmproc_register_models``
+  and registers architecture names against lazy ``"package.module:ModelClass"`` references. It must
+  not import torch or transformers.
+* **Model hooks** (:class:`ModelSpec`): a model is a class whose methods, marked with
+  ``@mmproc.hookimpl``, implement some of these hooks. Every model hook is ``firstresult``: the
+  model's answer wins, and the core's own ``trylast`` defaults (:mod:`mmproc.defaults`) answer
+  whatever the model leaves out. Each takes ``ctx``, a :class:`mmproc.context.ModelContext`.
+
+A plugin also declares which plugin API it targets, in the ``mmproc.plugin_api`` entry-point group,
+so an incompatible plugin is reported without being imported::
+
+    [project.entry-points."mmproc.plugins"]
+    my_model = "mmproc_my_model.plugin"
+
+    [project.entry-points."mmproc.plugin_api"]
+    my_model = "mmproc.hookspecs:PLUGIN_API_V1"
+
+Threads: discovery and ``load_hf_processor`` run once, on the thread that first looks the model up.
+``process_mm_data`` runs on a worker-pool thread with that thread's own processor clone. Everything
+else runs on the caller's thread (the request's thread or the event loop's executor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from mmproc.context import ModelContext
+    from mmproc.executor import PreprocessingPath
+    from mmproc.fields import FieldSpec
+    from mmproc.fused_norm import NormSpec
+    from mmproc.prompt_update import PromptUpdate
+
+__all__ = [
+    "PLUGIN_API_V1",
+    "PLUGIN_API_VERSION",
+    "SUPPORTED_PLUGIN_API_VERSIONS",
+    "DiscoverySpec",
+    "ModelSpec",
+    "hookimpl",
+    "hookspec",
+]
+
+PROJECT_NAME = "mmproc"
+
+#: The plugin API this core provides. Bumped only when the hook contract breaks.
+PLUGIN_API_VERSION = 1
+#: Plugin API versions a plugin may declare and still be loaded.
+SUPPORTED_PLUGIN_API_VERSIONS = frozenset({1})
+#: Target of a plugin's ``mmproc.plugin_api`` entry point that declares API version 1.
+PLUGIN_API_V1 = 1
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+#: Marks a function or method as an mmproc hook implementation.
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+class DiscoverySpec:
+    """Hooks a plugin's entry-point module implements (as module-level functions)."""
+
+    @hookspec
+    def mmproc_register_models(self, registry: Any) -> None:
+        """Register the architectures this plugin serves.
+
+        Signature: ``mmproc_register_models(registry) -> None``.
+
+        Call ``registry.register(architecture_or_list, "package.module:ModelClass")`` once per
+        model class. The reference is stored as a string and imported only when one of its
+        architectures is looked up. Called once per process, on the thread of the first lookup,
+        right after the entry point is imported. If it raises, everything it registered is rolled
+        back and the plugin is reported as ``failed``.
+        """
+
+
+class ModelSpec:
+    """Hooks a model class implements; every one is ``firstresult``."""
+
+    @hookspec(firstresult=True)
+    def load_hf_processor(self, ctx: ModelContext) -> Any:
+        """Build the HF processor for the model folder ``ctx.model_path``.
+
+        Signature: ``load_hf_processor(ctx) -> processor``.
+
+        Default: transformers' ``AutoProcessor`` with ``local_files_only=True``. A model
+        customises the object here (patch methods with ``types.MethodType`` so deep copies rebind
+        them to each worker's clone). Called once per ``Processor``, on the constructing thread;
+        worker threads deep-copy the result.
+        """
+
+    @hookspec(firstresult=True)
+    def process_mm_data(
+        self,
+        ctx: ModelContext,
+        prompt: str,
+        mm_items: Mapping[str, Sequence[Any]],
+        processor: Any,
+        hf_kwargs: Mapping[str, Any],
+    ) -> Mapping[str, Any]:
+        """Run the HF processor on ``prompt`` and the loaded media items.
+
+        Signature: ``process_mm_data(ctx, prompt, mm_items, processor, hf_kwargs) -> outputs``.
+
+        ``mm_items`` maps modality to loaded items (see :mod:`mmproc.inputs`); the result maps
+        output names (``input_ids``, ``pixel_values``, ...) to batched tensors. It must use the
+        ``processor`` it is given (the worker thread's own clone), never one stored on the model.
+        Called on a worker-pool thread.
+        """
+
+    @hookspec(firstresult=True)
+    def get_mm_fields(
+        self, ctx: ModelContext, outputs: Mapping[str, Any]
+    ) -> Mapping[str, FieldSpec]:
+        """Say how each processor output splits per item.
+
+        Signature: ``get_mm_fields(ctx, outputs) -> {output_name: FieldSpec}``.
+
+        Use :mod:`mmproc.fields` specs (batched, flat with per-item sizes, shared). Every output
+        except the prompt's own (``input_ids``, ``attention_mask``) must be covered. Called on the
+        request's thread after each processor call. No default: a model must implement it.
+        """
+
+    @hookspec(firstresult=True)
+    def get_prompt_updates(
+        self,
+        ctx: ModelContext,
+        processor: Any,
+        mm_items: Mapping[str, Sequence[Any]],
+        item_outputs: Mapping[str, Sequence[Mapping[str, Any]]],
+    ) -> Sequence[PromptUpdate]:
+        """Describe how placeholders in the prompt expand, per item.
+
+        Signature: ``get_prompt_updates(ctx, processor, mm_items, item_outputs) -> [PromptUpdate]``.
+
+        ``item_outputs`` maps modality to the per-item output dicts (already split by fields), so
+        a replacement can size itself from the item's grid. Return
+        :class:`mmproc.prompt_update.PromptReplacement` / ``PromptInsertion`` objects. Called on
+        the request's thread. No default: a model must implement it.
+        """
+
+    @hookspec(firstresult=True)
+    def get_dummy_text(self, ctx: ModelContext, mm_counts: Mapping[str, int]) -> str:
+        """Return text holding the right placeholders for ``mm_counts`` items.
+
+        Signature: ``get_dummy_text(ctx, mm_counts) -> str``.
+
+        Used to run the HF processor on media alone (cache misses, token-id prompts). Called on
+        the request's thread. No default: a model must implement it.
+        """
+
+    @hookspec(firstresult=True)
+    def supports_concurrency(self, ctx: ModelContext) -> bool:
+        """Whether preprocessing may run on several per-thread processor clones at once.
+
+        Signature: ``supports_concurrency(ctx) -> bool``. Default ``True``. Opt out only when the
+        processor cannot work on deep copies. Called once when the worker pool is sized.
+        """
+
+    @hookspec(firstresult=True)
+    def worker_count_hint(self, ctx: ModelContext, path: PreprocessingPath) -> int | None:
+        """Suggest a worker count for preprocessing on ``path`` (CPU or DEVICE).
+
+        Signature: ``worker_count_hint(ctx, path) -> int | None``. Default ``None`` (2 on the CPU
+        path, 1 on the DEVICE path). On the DEVICE path the cap of 1 wins over the hint; an
+        explicit user request wins over both. Called once when the worker pool is sized.
+        """
+
+    @hookspec(firstresult=True)
+    def device_norm_spec(self, ctx: ModelContext, processor: Any) -> NormSpec | None:
+        """Describe the pixel normalisation the engine can do on the device, if supported.
+
+        Signature: ``device_norm_spec(ctx, processor) -> NormSpec | None``. Default ``None`` (the
+        CPU normalises). With a spec and ``device_normalize`` on, pixels travel as uint8 and the
+        engine applies :class:`mmproc.fused_norm.FusedInputNorm`. Called once per ``Processor``.
+        """
+
+
+#: Names of the model hooks, in the order they are documented.
+MODEL_HOOK_NAMES: tuple[str, ...] = tuple(
+    name for name in vars(ModelSpec) if not name.startswith("_")
+)

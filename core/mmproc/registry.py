@@ -1,0 +1,577 @@
+"""Plugin discovery and the architecture table.
+
+Plugins are pip-installed distributions with an entry point in the ``mmproc.plugins`` group. The
+registry reads entry points on first use (never at ``import mmproc``), applies the allow- and
+block-lists before importing anything, skips plugins that target another plugin API, then imports
+each remaining entry point on its own and calls its ``mmproc_register_models`` hook. A plugin that
+raises is recorded and rolled back; the others keep working. Model classes are imported only when
+one of their architectures is looked up (:meth:`Registry.load_model`).
+
+Environment (read at discovery):
+
+``MMPROC_PLUGINS``
+    Comma-separated allow-list of plugin names; set but empty means no plugin at all.
+``MMPROC_DISABLE_PLUGINS``
+    Comma-separated block-list of plugin names.
+``MMPROC_PREFER``
+    ``"Arch=plugin,Arch2=plugin2"``: which plugin wins when several claim one architecture.
+``MMPROC_STRICT_PLUGINS``
+    ``1`` makes a plugin that fails to load (or is incompatible) raise instead of being recorded.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import importlib
+import importlib.metadata
+import os
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from mmproc.errors import (
+    ConfigurationError,
+    IncompatiblePluginError,
+    PluginConflictError,
+    PluginLoadError,
+    PluginSpecError,
+    UnknownArchitectureError,
+)
+from mmproc.hookspecs import (
+    MODEL_HOOK_NAMES,
+    PROJECT_NAME,
+    SUPPORTED_PLUGIN_API_VERSIONS,
+    DiscoverySpec,
+    ModelSpec,
+)
+
+if TYPE_CHECKING:
+    from mmproc.model_hooks import ModelHooks
+
+__all__ = [
+    "API_ENTRY_POINT_GROUP",
+    "ENTRY_POINT_GROUP",
+    "ModelReference",
+    "ModelRegistrar",
+    "PluginInfo",
+    "PluginStatus",
+    "Registry",
+    "get_registry",
+]
+
+ENTRY_POINT_GROUP = "mmproc.plugins"
+API_ENTRY_POINT_GROUP = "mmproc.plugin_api"
+
+_TARGET_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_API_TARGET_PATTERN = re.compile(r"^mmproc\.hookspecs:PLUGIN_API_V(\d+)$")
+
+
+class PluginStatus(enum.StrEnum):
+    """Where a plugin stands after discovery."""
+
+    LOADED = "loaded"
+    FAILED = "failed"
+    DISABLED = "disabled"
+    INCOMPATIBLE = "incompatible"
+
+
+@dataclass(frozen=True)
+class ModelReference:
+    """A lazy pointer from an architecture name to the plugin class serving it."""
+
+    architecture: str
+    target: str  # "package.module:ClassName"
+    plugin: str
+
+    def load_class(self) -> type:
+        """Import the model class; import errors name the plugin, the target and the cause."""
+        module_name, _, attr_path = self.target.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attr_path.split("."):
+                obj = getattr(obj, part)
+        except Exception as exc:
+            raise PluginSpecError(
+                f"plugin {self.plugin!r}: cannot import model class {self.target!r} "
+                f"for {self.architecture}: {type(exc).__name__}: {exc}",
+                plugin=self.plugin,
+            ) from exc
+        if not isinstance(obj, type):
+            raise PluginSpecError(
+                f"plugin {self.plugin!r}: {self.target!r} is a {type(obj).__name__}, not a class",
+                plugin=self.plugin,
+            )
+        return obj
+
+
+@dataclass
+class PluginInfo:
+    """One plugin as ``mmproc plugins`` shows it."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    status: PluginStatus
+    architectures: list[str] = field(default_factory=list)
+    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with the fields of ``mmproc plugins --json``."""
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "status": str(self.status),
+            "architectures": list(self.architectures),
+            "conflicts": [dict(c) for c in self.conflicts],
+            "error": self.error,
+        }
+
+
+class ModelRegistrar:
+    """The ``registry`` a plugin's ``mmproc_register_models`` hook receives.
+
+    Registrations are staged here and only enter the registry when the hook returns, so a plugin
+    that raises half-way leaves nothing behind.
+    """
+
+    def __init__(self, plugin: str) -> None:
+        self.plugin = plugin
+        self._staged: dict[str, str] = {}
+
+    def register(self, architectures: str | Sequence[str], target: str) -> None:
+        """Serve ``architectures`` (one name or a list) with the class at ``target``.
+
+        ``target`` is ``"package.module:ClassName"``; it is imported only on lookup. Registering
+        the same architecture to the same target again is a no-op.
+        """
+        names = [architectures] if isinstance(architectures, str) else list(architectures)
+        if not isinstance(target, str) or not _TARGET_PATTERN.match(target):
+            raise PluginSpecError(
+                f"plugin {self.plugin!r}: model target {target!r} must look like "
+                "'package.module:ClassName'",
+                plugin=self.plugin,
+            )
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise PluginSpecError(
+                    f"plugin {self.plugin!r}: architecture names must be non-empty strings, "
+                    f"got {name!r}",
+                    plugin=self.plugin,
+                )
+            previous = self._staged.get(name)
+            if previous is not None and previous != target:
+                raise PluginSpecError(
+                    f"plugin {self.plugin!r} registers {name} twice, to {previous!r} and "
+                    f"{target!r}",
+                    plugin=self.plugin,
+                )
+            self._staged[name] = target
+
+    @property
+    def staged(self) -> dict[str, str]:
+        """Architecture -> target, as registered so far."""
+        return dict(self._staged)
+
+
+@dataclass
+class _PluginSource:
+    """A plugin before loading: where it comes from and how to load it."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    load: Any  # () -> module or object with hook implementations
+    api_version: int | None
+    api_error: str | None = None
+
+
+def _split_names(value: str) -> set[str]:
+    return {part.strip() for part in value.split(",") if part.strip()}
+
+
+def parse_preferences(value: str) -> dict[str, str]:
+    """Parse ``"Arch=plugin,Arch2=plugin2"``; a malformed entry is a clear error."""
+    prefs: dict[str, str] = {}
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        arch, sep, plugin = part.partition("=")
+        if not sep or not arch.strip() or not plugin.strip():
+            raise ConfigurationError(
+                f"MMPROC_PREFER entry {part!r} must look like 'Architecture=plugin'"
+            )
+        prefs[arch.strip()] = plugin.strip()
+    return prefs
+
+
+def _env_flag(environ: Mapping[str, str], name: str) -> bool:
+    value = environ.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigurationError(f"{name}={value!r}: expected 1/0, true/false, yes/no or on/off")
+
+
+def _entry_point_sources() -> list[_PluginSource]:
+    """Read the two entry-point groups without importing any plugin."""
+    api_targets: dict[str, str] = {}
+    for ep in importlib.metadata.entry_points(group=API_ENTRY_POINT_GROUP):
+        api_targets.setdefault(ep.name, ep.value.strip())
+    sources: list[_PluginSource] = []
+    seen: set[str] = set()
+    for ep in sorted(
+        importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name
+    ):
+        dist = ep.dist
+        dist_name = dist.metadata["Name"] if dist is not None else None
+        version = dist.version if dist is not None else None
+        if ep.name in seen:
+            # The same plugin name from a second distribution (or a second copy on sys.path):
+            # the first on the path wins, as Python's import system would pick it too.
+            continue
+        seen.add(ep.name)
+        api_version, api_error = _parse_api_target(api_targets.get(ep.name))
+        sources.append(
+            _PluginSource(
+                name=ep.name,
+                distribution=dist_name,
+                version=version,
+                load=ep.load,
+                api_version=api_version,
+                api_error=api_error,
+            )
+        )
+    return sources
+
+
+def _parse_api_target(target: str | None) -> tuple[int | None, str | None]:
+    if target is None:
+        return None, (
+            f"declares no plugin API version (add an entry point in group "
+            f"{API_ENTRY_POINT_GROUP!r} pointing at 'mmproc.hookspecs:PLUGIN_API_V<N>')"
+        )
+    match = _API_TARGET_PATTERN.match(target)
+    if match is None:
+        return None, f"plugin API declaration {target!r} is not 'mmproc.hookspecs:PLUGIN_API_V<N>'"
+    version = int(match.group(1))
+    if version not in SUPPORTED_PLUGIN_API_VERSIONS:
+        supported = ", ".join(str(v) for v in sorted(SUPPORTED_PLUGIN_API_VERSIONS))
+        return version, f"targets plugin API {version}; this mmproc provides {supported}"
+    return version, None
+
+
+class Registry:
+    """Discovers plugins and maps architecture names to model classes.
+
+    Thread-safe; discovery happens once, on the first call that needs it. Most code uses the
+    process-wide instance from :func:`get_registry`.
+    """
+
+    def __init__(
+        self,
+        *,
+        strict: bool | None = None,
+        prefer: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        entry_points: bool = True,
+    ) -> None:
+        self._environ = os.environ if environ is None else environ
+        self._strict = strict
+        self._prefer = dict(prefer or {})
+        self._use_entry_points = entry_points
+        self._lock = threading.RLock()
+        self._discovered = False
+        self._plugins: dict[str, PluginInfo] = {}
+        self._claims: dict[str, list[ModelReference]] = {}
+        # Architectures a plugin registered before it failed: named in lookup errors.
+        self._failed_claims: dict[str, list[str]] = {}
+
+    # --- discovery ---------------------------------------------------------------------------
+
+    @property
+    def strict(self) -> bool:
+        """Whether a plugin that fails to load raises instead of being recorded."""
+        if self._strict is not None:
+            return self._strict
+        return _env_flag(self._environ, "MMPROC_STRICT_PLUGINS")
+
+    def add_plugin(self, plugin: Any, *, name: str, api_version: int = 1) -> PluginInfo:
+        """Register an in-process plugin object (a module or an object with hook implementations).
+
+        For tests and embedding: the plugin goes through the same checks as an installed one.
+        """
+        source = _PluginSource(
+            name=name, distribution=None, version=None, load=lambda: plugin, api_version=api_version
+        )
+        if api_version not in SUPPORTED_PLUGIN_API_VERSIONS:
+            source.api_error = f"targets plugin API {api_version}; this mmproc does not provide it"
+        self.discover()
+        with self._lock:
+            self._load_source(source)
+            return self._plugins[name]
+
+    def discover(self) -> None:
+        """Load every plugin once. Later calls do nothing."""
+        with self._lock:
+            if self._discovered:
+                return
+            sources = _entry_point_sources() if self._use_entry_points else []
+            allow_value = self._environ.get("MMPROC_PLUGINS")
+            allow = None if allow_value is None else _split_names(allow_value)
+            block = _split_names(self._environ.get("MMPROC_DISABLE_PLUGINS", ""))
+            for source in sources:
+                if allow is not None and source.name not in allow:
+                    self._record(source, PluginStatus.DISABLED, "not in MMPROC_PLUGINS")
+                elif source.name in block:
+                    self._record(source, PluginStatus.DISABLED, "listed in MMPROC_DISABLE_PLUGINS")
+                else:
+                    self._load_source(source)
+            self._discovered = True
+
+    def _record(self, source: _PluginSource, status: PluginStatus, error: str | None) -> PluginInfo:
+        info = PluginInfo(source.name, source.distribution, source.version, status, error=error)
+        self._plugins[source.name] = info
+        return info
+
+    def _load_source(self, source: _PluginSource) -> None:
+        if source.api_error is not None:
+            self._record(source, PluginStatus.INCOMPATIBLE, source.api_error)
+            if self.strict:
+                raise IncompatiblePluginError(
+                    f"plugin {source.name!r} ({source.distribution}): {source.api_error}",
+                    plugin=source.name,
+                )
+            return
+        registrar = ModelRegistrar(source.name)
+        try:
+            plugin_obj = source.load()
+            manager = pluggy.PluginManager(PROJECT_NAME)
+            manager.add_hookspecs(DiscoverySpec)
+            try:
+                manager.register(plugin_obj, name=source.name)
+                manager.check_pending()
+            except pluggy.PluginValidationError as exc:
+                raise PluginSpecError(f"plugin {source.name!r}: {exc}", plugin=source.name) from exc
+            manager.hook.mmproc_register_models(registry=registrar)
+        except Exception as exc:
+            info = self._record(source, PluginStatus.FAILED, f"{type(exc).__name__}: {exc}")
+            info.architectures = sorted(registrar.staged)
+            for arch in registrar.staged:
+                self._failed_claims.setdefault(arch, []).append(source.name)
+            if self.strict:
+                raise PluginLoadError(
+                    source.name,
+                    distribution=source.distribution,
+                    version=source.version,
+                    cause=exc,
+                ) from exc
+            return
+        info = self._record(source, PluginStatus.LOADED, None)
+        info.architectures = sorted(registrar.staged)
+        for arch, target in registrar.staged.items():
+            claims = self._claims.setdefault(arch, [])
+            if not any(ref.plugin == source.name for ref in claims):
+                claims.append(ModelReference(arch, target, source.name))
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def plugins(self) -> list[PluginInfo]:
+        """Every plugin seen, with status, architectures, conflicts and errors."""
+        self.discover()
+        with self._lock:
+            infos = sorted(self._plugins.values(), key=lambda info: info.name)
+            prefs = self._preferences()
+            for info in infos:
+                info.conflicts = []
+                for arch in info.architectures:
+                    claimants = [ref.plugin for ref in self._claims.get(arch, [])]
+                    if len(claimants) > 1 and info.name in claimants:
+                        preferred = prefs.get(arch)
+                        info.conflicts.append(
+                            {
+                                "architecture": arch,
+                                "plugins": sorted(claimants),
+                                "preferred": preferred if preferred in claimants else None,
+                            }
+                        )
+            return infos
+
+    def architectures(self) -> dict[str, list[str]]:
+        """Architecture -> names of the loaded plugins claiming it."""
+        self.discover()
+        with self._lock:
+            return {arch: [r.plugin for r in refs] for arch, refs in sorted(self._claims.items())}
+
+    def _preferences(self, prefer: Mapping[str, str] | None = None) -> dict[str, str]:
+        prefs = parse_preferences(self._environ.get("MMPROC_PREFER", ""))
+        prefs.update(self._prefer)
+        prefs.update(prefer or {})
+        return prefs
+
+    def resolve(
+        self, architecture: str, *, prefer: Mapping[str, str] | None = None
+    ) -> ModelReference:
+        """The plugin class serving ``architecture``.
+
+        Raises :class:`UnknownArchitectureError` when nothing serves it and
+        :class:`PluginConflictError` when several plugins do and no preference picks one.
+        """
+        self.discover()
+        with self._lock:
+            claims = list(self._claims.get(architecture, []))
+            if not claims:
+                raise UnknownArchitectureError(
+                    architecture, list(self._claims), self._unavailable_for(architecture)
+                )
+            if len(claims) == 1:
+                return claims[0]
+            preferred = self._preferences(prefer).get(architecture)
+            if preferred is not None:
+                for ref in claims:
+                    if ref.plugin == preferred:
+                        return ref
+                raise ConfigurationError(
+                    f"the preference {architecture}={preferred} names a plugin that does not "
+                    f"serve it; it is served by: {', '.join(sorted(r.plugin for r in claims))}"
+                )
+            raise PluginConflictError(architecture, [ref.plugin for ref in claims])
+
+    def _unavailable_for(self, architecture: str) -> list[str]:
+        """Describe plugins that are not loaded and did or may claim ``architecture``."""
+        described: list[str] = []
+        for name in self._failed_claims.get(architecture, []):
+            info = self._plugins[name]
+            described.append(f"{name} (failed: {info.error})")
+        if described:
+            return described
+        # Disabled, incompatible and import-failed plugins never told us what they serve.
+        for info in sorted(self._plugins.values(), key=lambda i: i.name):
+            if info.status is not PluginStatus.LOADED:
+                described.append(f"{info.name} ({info.status}: {info.error})")
+        return described
+
+    def resolve_folder(
+        self, folder: str | os.PathLike[str], *, prefer: Mapping[str, str] | None = None
+    ) -> ModelReference:
+        """The plugin class serving a local model folder, by its ``config.json`` architectures."""
+        from mmproc.context import read_model_config
+
+        path = Path(folder)
+        config = read_model_config(path)
+        names = config.get("architectures")
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise UnknownArchitectureError(
+                f"(none listed in {path / 'config.json'})", list(self.architectures())
+            )
+        first_error: UnknownArchitectureError | None = None
+        for name in names:
+            try:
+                return self.resolve(name, prefer=prefer)
+            except UnknownArchitectureError as exc:
+                first_error = first_error or exc
+        assert first_error is not None
+        raise first_error
+
+    def load_model(
+        self, architecture: str | ModelReference, *, prefer: Mapping[str, str] | None = None
+    ) -> ModelHooks:
+        """Import the model class for ``architecture`` and build its checked hook relay."""
+        from mmproc.model_hooks import ModelHooks
+
+        ref = (
+            architecture
+            if isinstance(architecture, ModelReference)
+            else self.resolve(architecture, prefer=prefer)
+        )
+        model_class = ref.load_class()
+        manager = build_model_manager(model_class, plugin=ref.plugin)
+        return ModelHooks(manager, ref, model_class)
+
+
+def build_model_manager(model_class: type, *, plugin: str) -> pluggy.PluginManager:
+    """A hook relay for one model: the core defaults (trylast), then the model object.
+
+    The model class is checked against the hook specifications first: a method named like a
+    hook but not marked ``@mmproc.hookimpl``, a marked method whose name is not a hook, or an
+    argument the hook does not provide is an error naming plugin, class and hook.
+    """
+    from mmproc.defaults import DefaultModel
+
+    where = f"plugin {plugin!r}, class {model_class.__module__}.{model_class.__qualname__}"
+    marker_attr = f"{PROJECT_NAME}_impl"
+    for hook_name in MODEL_HOOK_NAMES:
+        attr = getattr(model_class, hook_name, None)
+        if callable(attr) and not hasattr(attr, marker_attr):
+            raise PluginSpecError(
+                f"{where}: method {hook_name!r} is not marked @mmproc.hookimpl, so it would never "
+                "be called",
+                plugin=plugin,
+            )
+    manager = pluggy.PluginManager(PROJECT_NAME)
+    manager.add_hookspecs(ModelSpec)
+    manager.register(DefaultModel(), name="mmproc.defaults")
+    try:
+        instance = model_class()
+    except Exception as exc:
+        raise PluginSpecError(
+            f"{where}: constructing the model object failed: {type(exc).__name__}: {exc}",
+            plugin=plugin,
+        ) from exc
+    try:
+        manager.register(instance, name=f"{plugin}:{model_class.__qualname__}")
+    except pluggy.PluginValidationError as exc:
+        raise PluginSpecError(f"{where}: {exc}", plugin=plugin) from exc
+    unknown = _unknown_hooks(manager)
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, MODEL_HOOK_NAMES, n=1)
+            hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+        raise PluginSpecError(
+            f"{where}: {', '.join(hints)} {'is not a hook' if len(hints) == 1 else 'are not hooks'}"
+            f"; the model hooks are: {', '.join(MODEL_HOOK_NAMES)}",
+            plugin=plugin,
+        )
+    return manager
+
+
+def _unknown_hooks(manager: pluggy.PluginManager) -> list[str]:
+    names: list[str] = []
+    for name in dir(manager.hook):
+        caller = getattr(manager.hook, name)
+        if isinstance(caller, pluggy.HookCaller) and not caller.has_spec():
+            names.append(name)
+    return sorted(names)
+
+
+_default_registry: Registry | None = None
+_default_lock = threading.Lock()
+
+
+def get_registry() -> Registry:
+    """The process-wide registry (created on first use; discovery still waits for a lookup)."""
+    global _default_registry
+    with _default_lock:
+        if _default_registry is None:
+            _default_registry = Registry()
+        return _default_registry
+
+
+def reset_registry(plugins: Iterable[tuple[str, Any]] = ()) -> Registry:
+    """Replace the process-wide registry (tests, or after installing a plugin at run time)."""
+    global _default_registry
+    with _default_lock:
+        _default_registry = Registry()
+        for name, plugin in plugins:
+            _default_registry.add_plugin(plugin, name=name)
+        return _default_registry
