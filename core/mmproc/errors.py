@@ -124,8 +124,9 @@ class ProcessorLoadError(MmprocError):
 class MediaItemError(MmprocError, ValueError):
     """A media item in a request is unusable; names its modality, index and the cause."""
 
-    def __init__(self, modality: str, index: int, reason: str) -> None:
-        super().__init__(f"{modality} item {index}: {reason}")
+    def __init__(self, modality: str, index: int | None, reason: str) -> None:
+        # index None: the problem is the modality itself (an unknown key), not one item
+        super().__init__(f"{modality} item {index}: {reason}" if index is not None else reason)
         self.modality = modality
         self.index = index
         self.reason = reason

@@ -1,0 +1,317 @@
+"""Fields: how each key of a batched HF processor output splits into per-item values.
+
+An HF processor called on N items of a modality returns batched outputs; the cache and the engine
+want them per item. A model describes every output key with one field spec:
+
+:class:`BatchedField`
+    One row per item along dim 0 (``image_grid_thw``: ``(N, 3)``). Item ``i`` gets ``value[i]``,
+    the row without the batch dimension; :func:`join_items` stacks rows back.
+:class:`FlatField`
+    Items concatenated along ``dim`` with a per-item row count (``pixel_values``: ``(sum_i t*h*w,
+    C*P*P)``). The sizes are given, computed by a callable from the outputs, or taken from a grid
+    key: ``FlatField.from_grid("image", "image_grid_thw")`` gives item ``i``
+    ``prod(image_grid_thw[i]) // divisor`` rows. Item values are views (``Tensor.split``, numpy
+    slicing), never copies; :func:`join_items` concatenates them back.
+:class:`SharedField`
+    One value shared by every item of the modality; each item holds the same object and
+    :func:`join_items` takes the first.
+
+Values may be torch tensors, numpy arrays or lists. torch is never imported here unless a value
+already is a tensor.
+
+:func:`split_outputs` checks that the spec covers every output key (less ``ignore``: the keys the
+pipeline handles itself, like ``input_ids``) and that row counts add up, raising
+:class:`~mmproc.errors.FieldSpecError` with the key, modality and numbers otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mmproc.errors import FieldSpecError
+
+__all__ = [
+    "DEFAULT_IGNORED_KEYS",
+    "BatchedField",
+    "FieldSpec",
+    "FlatField",
+    "SharedField",
+    "join_items",
+    "split_outputs",
+]
+
+DEFAULT_IGNORED_KEYS: frozenset[str] = frozenset(
+    {"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"}
+)
+"""Output keys of the text side that the pipeline handles itself (a convenient ``ignore``)."""
+
+SizesFn = Callable[[Mapping[str, Any]], Sequence[int]]
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")  # never import torch just to find out
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _length(value: Any, dim: int, key: str, modality: str) -> int:
+    if _is_torch_tensor(value) or isinstance(value, np.ndarray):
+        if value.ndim == 0:
+            raise FieldSpecError(f"{key!r} ({modality}): a 0-d value has no rows to split")
+        return int(value.shape[dim])
+    if isinstance(value, list | tuple):
+        if dim != 0:
+            raise FieldSpecError(f"{key!r} ({modality}): a list can only be split along dim 0")
+        return len(value)
+    raise FieldSpecError(
+        f"{key!r} ({modality}): cannot split a {type(value).__name__}; expected a tensor, an array "
+        "or a list (or declare the key a SharedField)"
+    )
+
+
+class FieldSpec(ABC):
+    """How one output key splits per item of ``modality``."""
+
+    modality: str
+
+    @abstractmethod
+    def split(self, key: str, value: Any, count: int, outputs: Mapping[str, Any]) -> list[Any]:
+        """Return ``count`` per-item values of ``value`` (``outputs`` is the whole output dict)."""
+
+    @abstractmethod
+    def join(self, key: str, values: Sequence[Any]) -> Any:
+        """Return the batched value of per-item ``values`` (the inverse of :meth:`split`)."""
+
+
+@dataclass(frozen=True)
+class BatchedField(FieldSpec):
+    """One row per item along dim 0; item ``i`` gets ``value[i]`` (a view)."""
+
+    modality: str
+
+    def split(self, key: str, value: Any, count: int, outputs: Mapping[str, Any]) -> list[Any]:
+        """Return the rows of ``value``, checking there is one per item."""
+        rows = _length(value, 0, key, self.modality)
+        if rows != count:
+            raise FieldSpecError(
+                f"{key!r} (batched, {self.modality}): {rows} rows along dim 0 but "
+                f"{count} {self.modality} item(s)"
+            )
+        if _is_torch_tensor(value):
+            return list(value.unbind(0))  # views, one Python call
+        return [value[i] for i in range(count)]
+
+    def join(self, key: str, values: Sequence[Any]) -> Any:
+        """Stack rows back into a batch (tensors and arrays; lists stay lists)."""
+        first = values[0]
+        if _is_torch_tensor(first):
+            import torch
+
+            return torch.stack(list(values))
+        if isinstance(first, np.ndarray):
+            return np.stack(values)
+        return list(values)
+
+
+@dataclass(frozen=True)
+class FlatField(FieldSpec):
+    """Items concatenated along ``dim``; item ``i`` has a given number of rows.
+
+    Exactly one of ``sizes`` (a sequence, or a callable taking the whole output dict) and
+    ``grid_key`` must be given. With ``grid_key``, item ``i`` has
+    ``prod(outputs[grid_key][i]) // grid_divisor`` rows (the grid must divide exactly).
+    """
+
+    modality: str
+    sizes: Sequence[int] | SizesFn | None = None
+    grid_key: str | None = None
+    grid_divisor: int = 1
+    dim: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.sizes is None) == (self.grid_key is None):
+            raise FieldSpecError(
+                f"FlatField({self.modality!r}) needs exactly one of sizes= and grid_key="
+            )
+        if self.grid_divisor < 1:
+            raise FieldSpecError(
+                f"FlatField({self.modality!r}): grid_divisor must be >= 1, got {self.grid_divisor}"
+            )
+
+    @classmethod
+    def from_grid(
+        cls, modality: str, grid_key: str, *, divisor: int = 1, dim: int = 0
+    ) -> FlatField:
+        """Rows per item = product of the item's row of ``grid_key`` (e.g. ``image_grid_thw``).
+
+        ``divisor`` handles outputs coarser than the grid, e.g. merged embeddings with
+        ``spatial_merge_size ** 2`` fewer rows than patches.
+        """
+        return cls(modality, grid_key=grid_key, grid_divisor=divisor, dim=dim)
+
+    def item_sizes(self, key: str, count: int, outputs: Mapping[str, Any]) -> list[int]:
+        """Return the per-item row counts for ``count`` items, checked."""
+        if self.grid_key is not None:
+            sizes = self._sizes_from_grid(key, self.grid_key, count, outputs)
+        else:
+            raw = self.sizes(outputs) if callable(self.sizes) else self.sizes
+            try:
+                sizes = [int(s) for s in raw]  # type: ignore[union-attr]
+            except (TypeError, ValueError) as exc:
+                raise FieldSpecError(
+                    f"{key!r} (flat, {self.modality}): sizes are not integers: {exc}"
+                ) from exc
+        if len(sizes) != count:
+            raise FieldSpecError(
+                f"{key!r} (flat, {self.modality}): {len(sizes)} sizes for "
+                f"{count} {self.modality} item(s)"
+            )
+        if any(s < 0 for s in sizes):
+            raise FieldSpecError(f"{key!r} (flat, {self.modality}): negative size in {sizes}")
+        return sizes
+
+    def _sizes_from_grid(
+        self, key: str, grid_key: str, count: int, outputs: Mapping[str, Any]
+    ) -> list[int]:
+        if grid_key not in outputs:
+            raise FieldSpecError(
+                f"{key!r} (flat, {self.modality}): its grid key {grid_key!r} is not in the outputs "
+                f"(keys: {', '.join(sorted(outputs))})"
+            )
+        grid = outputs[grid_key]
+        rows = grid.tolist() if hasattr(grid, "tolist") else [list(r) for r in grid]
+        if len(rows) != count:
+            raise FieldSpecError(
+                f"{key!r} (flat, {self.modality}): grid {grid_key!r} has {len(rows)} rows for "
+                f"{count} {self.modality} item(s)"
+            )
+        sizes = []
+        for i, row in enumerate(rows):
+            n = math.prod(int(x) for x in (row if isinstance(row, list) else [row]))
+            if n % self.grid_divisor:
+                raise FieldSpecError(
+                    f"{key!r} (flat, {self.modality}): item {i} grid {row} has {n} cells, not a "
+                    f"multiple of the divisor {self.grid_divisor}"
+                )
+            sizes.append(n // self.grid_divisor)
+        return sizes
+
+    def split(self, key: str, value: Any, count: int, outputs: Mapping[str, Any]) -> list[Any]:
+        """Return per-item views of ``value`` along ``dim``."""
+        sizes = self.item_sizes(key, count, outputs)
+        rows = _length(value, self.dim, key, self.modality)
+        if sum(sizes) != rows:
+            raise FieldSpecError(
+                f"{key!r} (flat, {self.modality}): per-item sizes {sizes} sum to {sum(sizes)} but "
+                f"the output has {rows} rows along dim {self.dim}"
+            )
+        if _is_torch_tensor(value):
+            return list(value.split(sizes, dim=self.dim))  # views
+        if isinstance(value, np.ndarray):
+            return np.split(value, np.cumsum(sizes[:-1]), axis=self.dim)  # views
+        bounds = np.cumsum([0, *sizes]).tolist()
+        return [value[bounds[i] : bounds[i + 1]] for i in range(count)]
+
+    def join(self, key: str, values: Sequence[Any]) -> Any:
+        """Concatenate per-item values along ``dim``."""
+        first = values[0]
+        if _is_torch_tensor(first):
+            import torch
+
+            return torch.cat(list(values), dim=self.dim)
+        if isinstance(first, np.ndarray):
+            return np.concatenate(values, axis=self.dim)
+        return [row for v in values for row in v]
+
+
+@dataclass(frozen=True)
+class SharedField(FieldSpec):
+    """One value for all items of the modality; every item holds the same object."""
+
+    modality: str
+
+    def split(self, key: str, value: Any, count: int, outputs: Mapping[str, Any]) -> list[Any]:
+        """Return ``value`` once per item."""
+        return [value] * count
+
+    def join(self, key: str, values: Sequence[Any]) -> Any:
+        """Return the first item's value (items of one model share it by definition)."""
+        return values[0]
+
+
+def split_outputs(
+    outputs: Mapping[str, Any],
+    fields: Mapping[str, FieldSpec],
+    mm_counts: Mapping[str, int],
+    *,
+    ignore: Collection[str] = DEFAULT_IGNORED_KEYS,
+) -> dict[str, list[dict[str, Any]]]:
+    """Split batched processor outputs into one dict per item, per modality.
+
+    Args:
+        outputs: The HF processor's outputs (a ``BatchFeature`` is a mapping).
+        fields: Output key -> its field spec. Specs for keys absent from ``outputs`` are fine
+            (a model declares its video keys even when a request has no video).
+        mm_counts: Items per modality in this call; a modality not listed has 0.
+        ignore: Output keys not to split (the text side: ``input_ids``, ...).
+
+    Returns:
+        Modality -> a list with one dict per item (``key -> value``), for every modality in
+        ``mm_counts`` (an empty list for 0 items).
+
+    Raises:
+        FieldSpecError: output keys no field covers (all listed), or row counts that do not fit.
+    """
+    ignored = set(ignore)
+    missing = sorted(k for k in outputs if k not in fields and k not in ignored)
+    if missing:
+        raise FieldSpecError(
+            f"the model's field spec is incomplete: no field for output key(s) {', '.join(missing)}"
+            f" (covered: {', '.join(sorted(fields)) or 'none'})"
+        )
+    result: dict[str, list[dict[str, Any]]] = {
+        modality: [{} for _ in range(int(n))] for modality, n in mm_counts.items()
+    }
+    for key, value in outputs.items():
+        if key in ignored:
+            continue
+        spec = fields[key]
+        count = int(mm_counts.get(spec.modality, 0))
+        parts = spec.split(key, value, count, outputs)
+        if count == 0:
+            continue  # split() checked that the value has nothing for this modality
+        for item, part in zip(result[spec.modality], parts, strict=True):
+            item[key] = part
+    return result
+
+
+def join_items(
+    items: Sequence[Mapping[str, Any]],
+    fields: Mapping[str, FieldSpec],
+) -> dict[str, Any]:
+    """Batch per-item dicts (of one modality, e.g. from the cache) back into processor outputs.
+
+    The inverse of :func:`split_outputs` for one modality: ``join_items(split[m], fields)`` equals
+    the outputs' keys of modality ``m``. Every item must have the same keys.
+
+    Raises:
+        FieldSpecError: items with different keys, or a key no field covers.
+    """
+    if not items:
+        return {}
+    keys = list(items[0])
+    for i, item in enumerate(items):
+        if set(item) != set(keys):
+            raise FieldSpecError(
+                f"item {i} has keys {sorted(item)}, item 0 has {sorted(keys)}; cannot join"
+            )
+    missing = [k for k in keys if k not in fields]
+    if missing:
+        raise FieldSpecError(f"no field for item key(s) {', '.join(sorted(missing))}")
+    return {key: fields[key].join(key, [item[key] for item in items]) for key in keys}

@@ -1,0 +1,70 @@
+"""Prompt updates: expand the placeholders of media items in a prompt, and record where they went.
+
+A model describes, per modality, how a prompt changes for each media item:
+:class:`PromptReplacement` swaps an occurrence of a target for the item's content,
+:class:`PromptInsertion` puts the content right after a target. A target is token ids, text, or
+a zero-width position from :class:`PromptIndexTargets` (``start()``, ``end()``, ``prefix(seq)``).
+A content is token ids, text, :class:`PromptUpdateDetails` (the full sequence and which positions
+get embeddings), or a callable of the item index returning one of those.
+
+:func:`apply_prompt_updates` applies them (the cached / token-prompt path);
+:func:`find_placeholder_ranges` only locates them in a prompt the HF processor already expanded.
+Both return, per modality, one :class:`PlaceholderRange` per item, in item order.
+
+Matching rules:
+
+* Modalities are matched in the order of ``mm_counts``, items in index order. For each item the
+  first of its modality's updates (in the order given) that matches wins.
+* A replacement takes the next occurrence of its target, left to right, that no other
+  replacement has taken: successive items consume successive occurrences.
+* An insertion acts right after the first occurrence of its target; every item using it lands
+  there, in item order (so do insertions of several modalities at one place, in modality order).
+* ``start`` / ``end`` / ``prefix`` are zero-width and match once: an insertion there takes every
+  item; a replacement there replaces nothing, for one item only.
+* Matching runs on the original prompt; contents put in are never matched again. Occurrences
+  left over when the items run out stay as they are.
+* An item with no matching update raises :class:`~mmproc.errors.PromptUpdateError` naming the
+  modality and item index; so does an insertion point that falls inside a replaced span.
+* Token ids are matched as token ids; when that fails and a tokenizer is given, the decoded text
+  is matched instead and the updated text is tokenized again (tokens that merged across a
+  target's boundary hide it from token matching, not from text matching).
+
+Cost: one pass over the prompt per candidate update plus the output size; items sharing a target
+cost O(1) each beyond their content, and tokenizer calls are cached per call.
+
+Importing this module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+from ._apply import Placeholders, apply_prompt_updates, find_placeholder_ranges
+from ._types import (
+    PlaceholderRange,
+    PromptContent,
+    PromptIndex,
+    PromptIndexTargets,
+    PromptInsertion,
+    PromptReplacement,
+    PromptSeq,
+    PromptTarget,
+    PromptUpdate,
+    PromptUpdateDetails,
+    Tokenizer,
+)
+
+__all__ = [
+    "PlaceholderRange",
+    "Placeholders",
+    "PromptContent",
+    "PromptIndex",
+    "PromptIndexTargets",
+    "PromptInsertion",
+    "PromptReplacement",
+    "PromptSeq",
+    "PromptTarget",
+    "PromptUpdate",
+    "PromptUpdateDetails",
+    "Tokenizer",
+    "apply_prompt_updates",
+    "find_placeholder_ranges",
+]

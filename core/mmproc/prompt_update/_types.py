@@ -1,0 +1,275 @@
+"""The value types of prompt updates: targets, contents, updates and placeholder ranges."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
+
+__all__ = [
+    "PlaceholderRange",
+    "PromptContent",
+    "PromptIndex",
+    "PromptIndexTargets",
+    "PromptInsertion",
+    "PromptReplacement",
+    "PromptSeq",
+    "PromptTarget",
+    "PromptUpdate",
+    "PromptUpdateDetails",
+    "Tokenizer",
+]
+
+PromptSeq: TypeAlias = Sequence[int] | str
+"""A token id sequence or a text."""
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What prompt updating needs from a tokenizer (a transformers tokenizer fits)."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]:
+        """Token ids of ``text``; called with ``add_special_tokens=False``."""
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids``, special tokens included."""
+        ...
+
+
+def _normalize_seq(seq: object, what: str) -> tuple[int, ...] | str:
+    """``seq`` as an immutable token id tuple or a text; raises TypeError on anything else."""
+    if isinstance(seq, str):
+        return seq
+    # The exact-type check first: the Sequence ABC check is slow, and contents come per item.
+    if type(seq) not in (list, tuple) and (
+        isinstance(seq, bytes | bytearray) or not isinstance(seq, Sequence)
+    ):
+        raise TypeError(f"{what} must be token ids or text, not {type(seq).__name__}")
+    try:
+        # operator.index runs in C, rejects floats and turns numpy integers into plain ints.
+        ids = tuple(map(operator.index, seq))
+    except TypeError as exc:
+        raise TypeError(f"{what} must hold integer token ids: {exc}") from None
+    if ids and min(ids) < 0:
+        raise ValueError(f"{what} holds a negative token id: {min(ids)}")
+    return ids
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceholderRange:
+    """Where one media item's placeholder sequence lies in the final prompt.
+
+    ``offset`` and ``length`` count token ids of the final prompt (characters only when a text
+    prompt was updated without a tokenizer). ``is_embed`` marks, per position, which positions
+    receive an embedding from the item; ``None`` means all of them do.
+    """
+
+    offset: int
+    length: int
+    is_embed: tuple[bool, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.offset < 0 or self.length < 0:
+            raise ValueError(f"offset and length must be >= 0, got {self.offset}, {self.length}")
+        if self.is_embed is not None:
+            mask = tuple(map(bool, self.is_embed))
+            if len(mask) != self.length:
+                raise ValueError(f"is_embed has {len(mask)} entries for length {self.length}")
+            object.__setattr__(self, "is_embed", mask)
+
+    @property
+    def end(self) -> int:
+        """One past the last position of the range."""
+        return self.offset + self.length
+
+    @property
+    def embed_count(self) -> int:
+        """How many positions of the range receive an embedding."""
+        return self.length if self.is_embed is None else sum(self.is_embed)
+
+    def embed_mask(self) -> tuple[bool, ...]:
+        """``is_embed`` spelled out: one flag per position, also when every position embeds."""
+        return (True,) * self.length if self.is_embed is None else self.is_embed
+
+
+@dataclass(frozen=True, slots=True)
+class PromptIndex:
+    """A zero-width target: a position in the prompt rather than a sequence in it.
+
+    Build one with :class:`PromptIndexTargets`. ``start`` is position 0, ``end`` the end of the
+    prompt, ``prefix`` the position right after ``prefix_seq`` when the prompt starts with it (no
+    match otherwise). A replacement at an index replaces nothing there and matches once; an
+    insertion at an index takes every item of its modality, in item order.
+    """
+
+    kind: Literal["start", "end", "prefix"]
+    prefix_seq: tuple[int, ...] | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("start", "end", "prefix"):
+            raise ValueError(f"unknown index kind {self.kind!r}")
+        if (self.kind == "prefix") != (self.prefix_seq is not None):
+            raise ValueError("prefix_seq is given exactly when kind is 'prefix'")
+        if self.prefix_seq is not None:
+            object.__setattr__(self, "prefix_seq", _normalize_seq(self.prefix_seq, "prefix"))
+
+
+class PromptIndexTargets:
+    """Constructors of the zero-width targets (:class:`PromptIndex`)."""
+
+    @staticmethod
+    def start() -> PromptIndex:
+        """The start of the prompt."""
+        return PromptIndex("start")
+
+    @staticmethod
+    def end() -> PromptIndex:
+        """The end of the prompt."""
+        return PromptIndex("end")
+
+    @staticmethod
+    def prefix(seq: PromptSeq) -> PromptIndex:
+        """Right after ``seq`` (token ids or text), if the prompt starts with it."""
+        return PromptIndex("prefix", _normalize_seq(seq, "prefix"))
+
+
+PromptTarget: TypeAlias = Sequence[int] | str | PromptIndex
+"""What an update looks for: token ids, text, or a zero-width :class:`PromptIndex`."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptUpdateDetails:
+    """The full sequence an update puts into the prompt, and which positions get embeddings.
+
+    ``full`` is token ids or text. With ``embed_token_id`` unset every position of ``full`` gets
+    an embedding; with it set only the positions holding that token id do (for a text ``full``
+    this is decided after tokenizing it, so it needs a tokenizer).
+    """
+
+    full: tuple[int, ...] | str
+    embed_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "full", _normalize_seq(self.full, "update content"))
+        if self.embed_token_id is not None:
+            object.__setattr__(self, "embed_token_id", operator.index(self.embed_token_id))
+
+    @staticmethod
+    def from_seq(seq: PromptSeq) -> PromptUpdateDetails:
+        """Every position of ``seq`` gets an embedding."""
+        return PromptUpdateDetails(seq)  # type: ignore[arg-type]  # normalized by __post_init__
+
+    @staticmethod
+    def select_token_id(seq: PromptSeq, token_id: int) -> PromptUpdateDetails:
+        """Only the positions of ``seq`` holding ``token_id`` get an embedding."""
+        return PromptUpdateDetails(seq, token_id)  # type: ignore[arg-type]
+
+    def embed_mask(self, token_ids: Sequence[int]) -> tuple[bool, ...] | None:
+        """The ``is_embed`` of ``token_ids`` (this update's ``full``, tokenized).
+
+        ``None`` when every position embeds, so equal ranges compare equal however they were
+        specified.
+        """
+        if self.embed_token_id is None:
+            return None
+        mask = tuple(map(self.embed_token_id.__eq__, token_ids))
+        return None if all(mask) else mask
+
+
+PromptContent: TypeAlias = (
+    Sequence[int]
+    | str
+    | PromptUpdateDetails
+    | Callable[[int], "Sequence[int] | str | PromptUpdateDetails"]
+)
+"""What an update puts in: token ids, text, details, or a callable of the item index."""
+
+
+def _normalize_target(target: object) -> tuple[int, ...] | str | PromptIndex:
+    if isinstance(target, PromptIndex):
+        return target
+    seq = _normalize_seq(target, "target")
+    if len(seq) == 0:
+        raise ValueError("a target must not be empty (use PromptIndexTargets for positions)")
+    return seq
+
+
+def normalize_content(content: object) -> PromptUpdateDetails:
+    """A non-callable content as :class:`PromptUpdateDetails` (internal helper)."""
+    if isinstance(content, PromptUpdateDetails):
+        return content
+    return PromptUpdateDetails.from_seq(content)  # type: ignore[arg-type]
+
+
+def _normalize_update_content(content: object) -> object:
+    # Callables stay lazy: they are called per item, and only for the update that wins.
+    if callable(content) and not isinstance(content, PromptUpdateDetails):
+        return content
+    return normalize_content(content)
+
+
+class PromptUpdate:
+    """Base of :class:`PromptReplacement` and :class:`PromptInsertion`.
+
+    ``content`` is what the update puts into the prompt for an item: token ids, text, a
+    :class:`PromptUpdateDetails`, or a callable of the item index (within its modality) returning
+    one of those. Non-callable contents are stored as :class:`PromptUpdateDetails`.
+    """
+
+    __slots__ = ()
+
+    modality: str
+    target: PromptTarget
+
+    @property
+    def content(self) -> PromptContent:
+        """The content, whatever the subclass calls it."""
+        raise NotImplementedError
+
+    def _check(self, field: str) -> None:
+        if not isinstance(self.modality, str) or not self.modality:
+            raise TypeError(f"modality must be a non-empty string, got {self.modality!r}")
+        object.__setattr__(self, "target", _normalize_target(self.target))
+        object.__setattr__(self, field, _normalize_update_content(getattr(self, field)))
+
+
+@dataclass(frozen=True, slots=True)
+class PromptReplacement(PromptUpdate):
+    """Replace occurrences of ``target`` with ``replacement``, one occurrence per item.
+
+    Items of the modality consume successive, non-overlapping occurrences, left to right.
+    """
+
+    modality: str
+    target: PromptTarget
+    replacement: PromptContent
+
+    def __post_init__(self) -> None:
+        self._check("replacement")
+
+    @property
+    def content(self) -> PromptContent:
+        """The replacement."""
+        return self.replacement
+
+
+@dataclass(frozen=True, slots=True)
+class PromptInsertion(PromptUpdate):
+    """Insert ``insertion`` right after the first occurrence of ``target``.
+
+    Every item that uses the insertion goes to that same place, piled up in item order.
+    """
+
+    modality: str
+    target: PromptTarget
+    insertion: PromptContent
+
+    def __post_init__(self) -> None:
+        self._check("insertion")
+
+    @property
+    def content(self) -> PromptContent:
+        """The insertion."""
+        return self.insertion

@@ -1,0 +1,278 @@
+"""mmproc.cache: byte-bounded LRU, protection of a request's own entries, threads."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from mmproc.cache import (
+    CACHE_BYTES_ENV,
+    DEFAULT_CACHE_BYTES,
+    CacheStats,
+    ProcessorCache,
+    compact_entry,
+    entry_nbytes,
+    parse_byte_size,
+)
+from mmproc.errors import ConfigurationError
+
+
+def _entry(nbytes: int = 100, fill: int = 0) -> dict[str, Any]:
+    return {"pixel_values": np.full(nbytes, fill, np.uint8)}
+
+
+def _keys(cache: ProcessorCache) -> list[str]:
+    return list(cache._data)  # LRU order, least recent first
+
+
+def test_miss_then_hit_and_stats() -> None:
+    cache = ProcessorCache(1000)
+    assert cache.lookup(["a"]) == [None]
+    assert cache.put("a", _entry(fill=7))
+    (hit,) = cache.lookup(["a"])
+    assert hit is not None
+    assert hit["pixel_values"][0] == 7
+    assert "a" in cache
+    assert len(cache) == 1
+    stats = cache.stats()
+    assert stats == CacheStats(
+        hits=1, misses=1, inserts=1, evictions=0, rejected=0, entries=1, nbytes=100, max_bytes=1000
+    )
+    assert stats.hit_rate == 0.5
+    assert ProcessorCache(10).stats().hit_rate == 0.0
+
+
+def test_get_many_is_lookup() -> None:
+    cache = ProcessorCache(1000)
+    cache.put("a", _entry())
+    assert [e is not None for e in cache.get_many(["a", "b", "a"])] == [True, False, True]
+    assert cache.get("b") is None
+
+
+def test_lru_eviction_by_bytes() -> None:
+    cache = ProcessorCache(300)
+    for key in "abc":
+        cache.put(key, _entry(100))
+    cache.lookup(["a"])  # a becomes most recent: b is now the oldest
+    cache.put("d", _entry(100))
+    assert _keys(cache) == ["c", "a", "d"]
+    cache.put("big", _entry(250))  # needs 250: evicts c, a and d
+    assert _keys(cache) == ["big"]
+    assert cache.nbytes == 250
+    assert cache.stats().evictions == 4
+
+
+def test_entries_of_different_sizes_count_their_bytes() -> None:
+    cache = ProcessorCache(1000)
+    entry = {
+        "pixel_values": torch.zeros(10, 6, dtype=torch.float32),
+        "image_grid_thw": torch.tensor([1, 2, 5]),
+        "meta": [np.zeros(4, np.float64), b"abcd"],
+    }
+    expected = 240 + 24 + 32 + 4
+    assert entry_nbytes(entry) == expected
+    cache.put("a", entry)
+    assert cache.nbytes == expected
+    cache.put("b", _entry(10), nbytes=500)  # an explicit size is trusted
+    assert cache.nbytes == expected + 500
+
+
+def test_a_request_never_evicts_its_own_hits() -> None:
+    cache = ProcessorCache(300)
+    for key in "abc":
+        cache.put(key, _entry(100))
+    request = ["a", "x", "y"]
+    hits = cache.lookup(request)
+    assert [h is not None for h in hits] == [True, False, False]
+    # Another request runs in between and makes a the least recently used entry again.
+    cache.lookup(["b", "c"])
+    assert _keys(cache)[0] == "a"
+    assert cache.insert({"x": _entry(100), "y": _entry(100)}, protect=request) == 2
+    assert sorted(_keys(cache)) == ["a", "x", "y"]
+
+
+def test_new_entries_that_only_fit_by_evicting_hits_are_not_cached() -> None:
+    cache = ProcessorCache(300)
+    for key in "abc":
+        cache.put(key, _entry(100))
+    request = ["a", "b", "c", "d"]
+    cache.lookup(request)
+    assert cache.insert({"d": _entry(100)}, protect=request) == 0
+    assert sorted(_keys(cache)) == ["a", "b", "c"]
+    assert cache.stats().rejected == 1
+    assert cache.stats().evictions == 0
+
+
+def test_a_call_never_evicts_what_it_inserted() -> None:
+    cache = ProcessorCache(250)
+    cache.put("old", _entry(100))
+    assert cache.insert([("x", _entry(100)), ("y", _entry(100)), ("z", _entry(100))]) == 2
+    assert _keys(cache) == ["x", "y"]
+    assert cache.stats().rejected == 1
+
+
+def test_an_item_larger_than_the_cache_is_not_cached() -> None:
+    cache = ProcessorCache(300)
+    cache.put("a", _entry(100))
+    assert not cache.put("huge", _entry(301))
+    assert _keys(cache) == ["a"]  # and nothing was evicted for it
+    stats = cache.stats()
+    assert (stats.rejected, stats.evictions) == (1, 0)
+    assert cache.put("exact", _entry(300))
+
+
+def test_zero_disables() -> None:
+    cache = ProcessorCache(0)
+    assert not cache.enabled
+    assert not cache.put("a", _entry())
+    assert cache.insert({"a": _entry()}) == 0
+    assert cache.lookup(["a"]) == [None]
+    assert len(cache) == 0
+    assert cache.nbytes == 0
+
+
+def test_existing_key_is_touched_not_replaced() -> None:
+    cache = ProcessorCache(300)
+    cache.put("a", _entry(100, fill=1))
+    cache.put("b", _entry(100))
+    assert cache.put("a", _entry(100, fill=2))
+    assert _keys(cache) == ["b", "a"]
+    assert cache.get("a")["pixel_values"][0] == 1  # type: ignore[index]
+    assert cache.nbytes == 200
+
+
+def test_lookup_returns_a_copy_of_the_dict() -> None:
+    cache = ProcessorCache(300)
+    original = _entry()
+    cache.put("a", original)
+    original["extra"] = 1  # the caller's dict is not the stored one
+    hit = cache.get("a")
+    assert hit is not None
+    hit["other"] = 2
+    assert set(cache.get("a")) == {"pixel_values"}  # type: ignore[arg-type]
+
+
+def test_views_of_a_batch_are_stored_compact() -> None:
+    batch = torch.arange(100 * 4, dtype=torch.float32).reshape(100, 4)
+    parts = batch.split([10, 90])
+    cache = ProcessorCache(10_000)
+    cache.insert({"a": {"pv": parts[0]}, "b": {"pv": parts[1]}})
+    stored_a = cache.get("a")["pv"]  # type: ignore[index]
+    assert torch.equal(stored_a, parts[0])
+    assert stored_a.untyped_storage().nbytes() == stored_a.nbytes == 160
+    assert stored_a.untyped_storage().data_ptr() != batch.untyped_storage().data_ptr()
+    assert cache.nbytes == 400 * 4
+
+
+def test_compact_keeps_owning_values_without_copy() -> None:
+    tensor = torch.zeros(10, 4)
+    array = np.zeros(10)
+    view = np.zeros(100)[10:20]
+    strided = torch.zeros(4, 10).t()
+    compact = compact_entry({"t": tensor, "a": array, "v": view, "s": strided, "n": 3})
+    assert compact["t"] is tensor
+    assert compact["a"] is array
+    assert compact["v"] is not view and compact["v"].base is None
+    assert np.array_equal(compact["v"], view)
+    assert compact["s"].is_contiguous() and torch.equal(compact["s"], strided)
+    assert compact["n"] == 3
+    uncompacted = ProcessorCache(10_000, compact=False)
+    uncompacted.put("v", {"v": view})
+    assert uncompacted.get("v")["v"] is view  # type: ignore[index]
+
+
+def test_clear() -> None:
+    cache = ProcessorCache(300)
+    cache.put("a", _entry())
+    cache.clear()
+    assert len(cache) == 0
+    assert cache.nbytes == 0
+    assert cache.stats().inserts == 1
+
+
+def test_size_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CACHE_BYTES_ENV, raising=False)
+    assert ProcessorCache().max_bytes == DEFAULT_CACHE_BYTES == 4 << 30
+    monkeypatch.setenv(CACHE_BYTES_ENV, "512MiB")
+    assert ProcessorCache().max_bytes == 512 << 20
+    assert ProcessorCache(1000).max_bytes == 1000  # an explicit bound wins
+    monkeypatch.setenv(CACHE_BYTES_ENV, "0")
+    assert not ProcessorCache().enabled
+    monkeypatch.setenv(CACHE_BYTES_ENV, "lots")
+    with pytest.raises(ConfigurationError, match=CACHE_BYTES_ENV):
+        ProcessorCache()
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("0", 0),
+        ("4294967296", 4 << 30),
+        ("4GiB", 4 << 30),
+        ("4G", 4 << 30),
+        ("2GB", 2 * 10**9),
+        (" 512 mib ", 512 << 20),
+        ("1.5KiB", 1536),
+        ("100b", 100),
+    ],
+)
+def test_parse_byte_size(text: str, value: int) -> None:
+    assert parse_byte_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "-1", "4 parsecs", "1e9", "GiB"])
+def test_parse_byte_size_rejects(text: str) -> None:
+    with pytest.raises(ConfigurationError):
+        parse_byte_size(text)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "4GiB"])
+def test_bad_max_bytes(bad: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        ProcessorCache(bad)
+
+
+def test_concurrent_requests_from_threads() -> None:
+    cache = ProcessorCache(2000)
+    n_threads, n_requests = 8, 1000
+    barrier = threading.Barrier(n_threads)
+    errors: list[BaseException] = []
+    lookups = [0] * n_threads
+
+    def worker(tid: int) -> None:
+        rng = random.Random(tid)
+        try:
+            barrier.wait()
+            for _ in range(n_requests):
+                keys = [f"k{rng.randrange(40)}" for _ in range(rng.randrange(1, 5))]
+                hits = cache.lookup(keys)
+                lookups[tid] += len(keys)
+                new = {
+                    k: _entry(rng.randrange(50, 400), fill=int(k[1:]))
+                    for k, h in zip(keys, hits, strict=True)
+                    if h is None
+                }
+                cache.insert(new, protect=keys)
+                for k, h in zip(keys, hits, strict=True):
+                    # Content addressing: whatever is cached under a key has that key's content.
+                    if h is not None and h["pixel_values"][0] != int(k[1:]):
+                        raise AssertionError(f"wrong entry for {k}")
+                assert cache.nbytes <= cache.max_bytes
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    stats = cache.stats()
+    assert stats.hits + stats.misses == sum(lookups)
+    assert stats.nbytes == sum(n for _, n in cache._data.values()) <= 2000
+    assert stats.entries == len(cache)
+    assert stats.hits > 0 and stats.evictions > 0
