@@ -1,0 +1,400 @@
+"""Device-side normalisation: ship uint8 pixels, normalise them on the engine's device.
+
+The CPU skips the HF processor's rescale and normalise steps, so the pixel patches stay whole
+numbers in [0, 255] and travel as uint8 (a quarter of float32's bytes). The engine then applies one
+affine op per channel, ``y = x * w + b`` with ``w = rescale / std`` and ``b = -mean / std``, in
+float32 on its device, and casts to the model dtype. A :class:`NormSpec` says which numbers and
+which tensor layout; :class:`FusedInputNorm` is the module that applies it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmproc.errors import ConfigurationError, DecodeError
+
+__all__ = [
+    "ChannelLayout",
+    "FusedInputNorm",
+    "NormSpec",
+    "raw_pixel_kwargs",
+    "to_uint8_pixels",
+]
+
+
+def _int_field(name: str, value: Any) -> int:
+    # bool is an int subclass; True as an axis or a size is a bug, not a value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"{name} must be an int, got {value!r}")
+    return value
+
+
+def _float_field(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigurationError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be finite, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelLayout:
+    """Where the channel axis of a pixel tensor is and how each channel's values repeat along it.
+
+    Axis ``axis`` (negative: counted from the end, so leading batch dimensions do not matter) has
+    length ``tiles * C * block``: ``tiles`` repetitions of ``C`` channel blocks, each block holding
+    ``block`` consecutive values of one channel. Every dimension after ``axis`` belongs to the same
+    channel value. Examples:
+
+    - ``(N, C, H, W)``: ``ChannelLayout.channels_first()``, i.e. ``axis=-3``.
+    - ``(N, H, W, C)``: ``ChannelLayout.channels_last()``, i.e. ``axis=-1``.
+    - Qwen2-VL ``pixel_values`` ``(num_patches, C*T*P*P)``, each row C blocks of ``T*P*P`` values:
+      ``ChannelLayout.flat_patches(patch_size=14, temporal_patch_size=2)``, i.e. ``axis=-1,
+      block=392``.
+    - Flattened channel-innermost patches ``(num_patches, P*P*C)``: ``axis=-1, tiles=P*P``.
+    """
+
+    axis: int
+    block: int = 1
+    tiles: int = 1
+
+    def __post_init__(self) -> None:
+        if _int_field("layout.axis", self.axis) >= 0:
+            raise ConfigurationError(
+                f"layout.axis must be negative (counted from the last dimension), got {self.axis}"
+            )
+        if _int_field("layout.block", self.block) < 1:
+            raise ConfigurationError(f"layout.block must be >= 1, got {self.block}")
+        if _int_field("layout.tiles", self.tiles) < 1:
+            raise ConfigurationError(f"layout.tiles must be >= 1, got {self.tiles}")
+
+    @classmethod
+    def channels_first(cls) -> ChannelLayout:
+        """``(..., C, H, W)`` images or video frames."""
+        return cls(axis=-3)
+
+    @classmethod
+    def channels_last(cls) -> ChannelLayout:
+        """``(..., H, W, C)`` images."""
+        return cls(axis=-1)
+
+    @classmethod
+    def flat_patches(cls, patch_size: int, temporal_patch_size: int = 1) -> ChannelLayout:
+        """``(num_patches, C * T * P * P)`` patch vectors, channel outermost (Qwen2-VL and kin)."""
+        t = _int_field("temporal_patch_size", temporal_patch_size)
+        p = _int_field("patch_size", patch_size)
+        return cls(axis=-1, block=t * p * p)
+
+    def axis_length(self, num_channels: int) -> int:
+        """The length the channel axis must have for ``num_channels`` channels."""
+        return self.tiles * num_channels * self.block
+
+
+@dataclass(frozen=True, slots=True)
+class NormSpec:
+    """What the engine must apply to uint8 pixels to get the model's inputs.
+
+    ``y = (x * rescale - mean[c]) / std[c]`` for every value ``x`` of channel ``c``, where the
+    channels sit along the tensor as ``layout`` says, in the outputs named by ``pixel_keys``.
+    Sequences given for ``mean``, ``std`` and ``pixel_keys`` are stored as tuples, so a spec is
+    hashable (the engine caches one module per spec and device).
+    """
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    rescale: float
+    layout: ChannelLayout
+    pixel_keys: tuple[str, ...] = ("pixel_values",)
+
+    def __post_init__(self) -> None:
+        mean = self._channel_values("mean", self.mean)
+        std = self._channel_values("std", self.std)
+        if len(mean) != len(std):
+            raise ConfigurationError(
+                f"mean and std must have one value per channel each, got {len(mean)} and {len(std)}"
+            )
+        if any(s <= 0 for s in std):
+            raise ConfigurationError(f"std must be > 0 for every channel, got {std}")
+        rescale = _float_field("rescale", self.rescale)
+        if rescale <= 0:
+            raise ConfigurationError(f"rescale must be > 0, got {rescale}")
+        if not isinstance(self.layout, ChannelLayout):
+            raise ConfigurationError(f"layout must be a ChannelLayout, got {self.layout!r}")
+        keys = self.pixel_keys
+        if isinstance(keys, str) or not isinstance(keys, Sequence) or not keys:
+            raise ConfigurationError(f"pixel_keys must be a non-empty list of names, got {keys!r}")
+        if not all(isinstance(k, str) and k for k in keys) or len(set(keys)) != len(keys):
+            raise ConfigurationError(f"pixel_keys must be distinct non-empty names, got {keys!r}")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+        object.__setattr__(self, "rescale", rescale)
+        object.__setattr__(self, "pixel_keys", tuple(keys))
+
+    @staticmethod
+    def _channel_values(name: str, values: Any) -> tuple[float, ...]:
+        if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+            raise ConfigurationError(f"{name} must be a non-empty list of numbers, got {values!r}")
+        return tuple(_float_field(f"{name}[{i}]", v) for i, v in enumerate(values))
+
+    @property
+    def num_channels(self) -> int:
+        """How many channels the spec has values for."""
+        return len(self.mean)
+
+    @property
+    def is_identity(self) -> bool:
+        """True when applying the spec changes no value (only the dtype)."""
+        return (
+            self.rescale == 1.0
+            and all(m == 0.0 for m in self.mean)
+            and all(s == 1.0 for s in self.std)
+        )
+
+    def weight_and_bias(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-channel ``rescale / std`` and ``-mean / std``, in float64."""
+        weight = tuple(self.rescale / s for s in self.std)
+        bias = tuple(-m / s for m, s in zip(self.mean, self.std, strict=True))
+        return weight, bias
+
+    def to_wire(self) -> dict[str, Any]:
+        """The spec as plain values (dicts, lists, floats, ints, strings) for the wire."""
+        return {
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "rescale": self.rescale,
+            "layout": {
+                "axis": self.layout.axis,
+                "block": self.layout.block,
+                "tiles": self.layout.tiles,
+            },
+            "pixel_keys": list(self.pixel_keys),
+        }
+
+    @classmethod
+    def from_wire(cls, data: Any) -> NormSpec:
+        """Rebuild a spec from :meth:`to_wire`'s dict; anything malformed raises ``DecodeError``."""
+        fields = _wire_mapping(
+            "norm spec",
+            data,
+            required={"mean", "std", "rescale", "layout"},
+            optional={"pixel_keys"},
+        )
+        layout = _wire_mapping(
+            "norm spec field 'layout'",
+            fields["layout"],
+            required={"axis"},
+            optional={"block", "tiles"},
+        )
+        try:
+            kwargs: dict[str, Any] = {}
+            if "pixel_keys" in fields:
+                kwargs["pixel_keys"] = _wire_sequence("pixel_keys", fields["pixel_keys"])
+            return cls(
+                mean=_wire_sequence("mean", fields["mean"]),
+                std=_wire_sequence("std", fields["std"]),
+                rescale=fields["rescale"],
+                layout=ChannelLayout(**layout),
+                **kwargs,
+            )
+        except ConfigurationError as exc:
+            raise DecodeError(f"norm spec: {exc}") from None
+
+    @classmethod
+    def from_image_processor(
+        cls,
+        image_processor: Any,
+        *,
+        layout: ChannelLayout,
+        pixel_keys: Sequence[str] = ("pixel_values",),
+        num_channels: int = 3,
+    ) -> NormSpec:
+        """The spec that reproduces an HF image processor's rescale and normalise steps.
+
+        Reads ``do_rescale``, ``rescale_factor``, ``do_normalize``, ``image_mean`` and
+        ``image_std``; a step the processor has switched off becomes the identity. A full HF
+        processor is accepted too (its ``image_processor`` is used). A scalar mean or std is
+        repeated ``num_channels`` times.
+        """
+        ip = image_processor
+        if not hasattr(ip, "do_normalize") and hasattr(ip, "image_processor"):
+            ip = ip.image_processor
+        name = type(ip).__name__
+
+        def attribute(attr: str) -> Any:
+            value = getattr(ip, attr, None)
+            if value is None:
+                raise ConfigurationError(f"{name} has no {attr}; cannot build a NormSpec from it")
+            return value
+
+        rescale = float(attribute("rescale_factor")) if attribute("do_rescale") else 1.0
+        if attribute("do_normalize"):
+            mean = _per_channel(attribute("image_mean"), num_channels)
+            std = _per_channel(attribute("image_std"), num_channels)
+        else:
+            n = num_channels
+            mean, std = (0.0,) * n, (1.0,) * n
+        return cls(mean=mean, std=std, rescale=rescale, layout=layout, pixel_keys=tuple(pixel_keys))
+
+
+def _per_channel(value: Any, num_channels: int) -> Any:
+    if hasattr(value, "tolist"):  # numpy arrays and tensors
+        value = value.tolist()
+    if isinstance(value, numbers.Real):
+        return (value,) * num_channels
+    return tuple(value) if isinstance(value, Sequence) else value
+
+
+def _wire_mapping(what: str, data: Any, *, required: set[str], optional: set[str]) -> dict:
+    if not isinstance(data, Mapping):
+        raise DecodeError(f"{what} must be a map, got {type(data).__name__}")
+    keys = set(data)
+    if missing := required - keys:
+        raise DecodeError(f"{what} is missing field(s) {sorted(missing)}")
+    if unknown := keys - required - optional:
+        raise DecodeError(f"{what} has unknown field(s) {sorted(map(str, unknown))}")
+    return dict(data)
+
+
+def _wire_sequence(name: str, value: Any) -> tuple:
+    # the wire carries lists; a string is a Sequence too, and must not pass as one
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise DecodeError(f"norm spec field {name!r} must be a list, got {type(value).__name__}")
+    return tuple(value)
+
+
+class FusedInputNorm(torch.nn.Module):
+    """Rescale and normalise pixels in one affine op: ``y = x * weight + bias``.
+
+    ``weight = rescale / std`` and ``bias = -mean / std`` are computed in float64, rounded once to
+    float32 and laid out along the spec's channel axis at construction (buffers, not parameters:
+    they are not trained and stay out of state dicts). :meth:`forward` takes uint8 or float input
+    of any batch size, on the module's device, computes in float32 and returns ``dtype``.
+
+    On the CPU the product and the sum are rounded separately; on an accelerator they run as one
+    ``addcmul`` kernel, which may fuse them into one rounding. Either way every value is within
+    3e-7 of the exact ``(x * rescale - mean) / std`` for CLIP's constants, and within 5e-7 of
+    transformers' own float32 results (both backends).
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+    def __init__(
+        self,
+        spec: NormSpec,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if not dtype.is_floating_point:
+            raise ConfigurationError(f"FusedInputNorm dtype must be a float dtype, got {dtype}")
+        self.spec = spec
+        self.dtype = dtype
+        self._identity = spec.is_identity  # read on every call: computed once
+        layout = spec.layout
+        weight, bias = spec.weight_and_bias()
+        # (C,) -> (tiles, C, block) -> flat along the axis, then trailing 1s so it broadcasts
+        # over every dimension after the channel axis.
+        shape = (layout.axis_length(spec.num_channels),) + (1,) * (-layout.axis - 1)
+
+        def expand(values: tuple[float, ...]) -> torch.Tensor:
+            t = torch.tensor(values, dtype=torch.float64).view(1, -1, 1)
+            t = t.expand(layout.tiles, -1, layout.block).reshape(shape)
+            return t.to(device=device, dtype=torch.float32)
+
+        self.register_buffer("weight", expand(weight), persistent=False)
+        self.register_buffer("bias", expand(bias), persistent=False)
+
+    def extra_repr(self) -> str:
+        """Shown by ``repr(module)``."""
+        s = self.spec
+        return (
+            f"mean={s.mean}, std={s.std}, rescale={s.rescale}, layout={s.layout}, "
+            f"pixel_keys={s.pixel_keys}, dtype={self.dtype}"
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` (uint8 or float, channel axis as the spec's layout says)."""
+        if x.dtype != torch.uint8 and not x.dtype.is_floating_point:
+            raise ConfigurationError(f"FusedInputNorm takes uint8 or float input, got {x.dtype}")
+        axis = self.spec.layout.axis
+        expected = self.weight.shape[0]
+        if x.dim() < -axis or x.shape[axis] != expected:
+            raise ConfigurationError(
+                f"FusedInputNorm: {self.spec.layout} with {self.spec.num_channels} channels "
+                f"expects dimension {axis} of length {expected}, got shape {tuple(x.shape)}"
+            )
+        if self._identity:
+            return x.to(self.dtype)
+        if x.device.type != "cpu":
+            # One kernel on accelerators: the elementwise kernel reads x in its own dtype,
+            # computes in float32 (the buffers' dtype) and casts on the store, so no float32
+            # copy of x is ever materialised.
+            out = torch.empty(x.shape, dtype=self.dtype, device=x.device)
+            return torch.addcmul(self.bias, x, self.weight, out=out)
+        # On the CPU that mixed-dtype call allocates float32 temporaries anyway; in-place steps
+        # on one float32 copy are faster there.
+        if x.dtype == torch.float32:
+            y = x * self.weight  # a new tensor: the caller's input is never written to
+        else:
+            y = x.to(torch.float32)
+            y.mul_(self.weight)
+        y.add_(self.bias)
+        return y if self.dtype == torch.float32 else y.to(self.dtype)
+
+
+def to_uint8_pixels(pixels: torch.Tensor | np.ndarray) -> torch.Tensor | None:
+    """``pixels`` as a uint8 tensor when every value is a whole number in [0, 255], else None.
+
+    A uint8 tensor comes back as it is. NaN, infinities, fractions and values out of range give
+    None, so a processor that did not leave its pixels raw is caught rather than shipped wrong.
+    The check is exact: a value passes only if casting it to uint8 and back gives it again (any
+    value outside [0, 255], NaN included, casts to some byte that cannot cast back to it).
+    """
+    if isinstance(pixels, np.ndarray):
+        pixels = torch.from_numpy(np.ascontiguousarray(pixels))
+    t = pixels.detach()
+    if t.dtype == torch.uint8:
+        return pixels
+    if t.dtype == torch.bool or t.is_complex():
+        return None
+    if t.device.type == "cpu" and t.dtype != torch.bfloat16:  # numpy has no bfloat16
+        return _to_uint8_numpy(t)
+    as_uint8 = t.to(torch.uint8)
+    return as_uint8 if torch.equal(as_uint8.to(t.dtype), t) else None
+
+
+# Elements per step of the CPU check: the round-trip buffer stays in cache. Whole-tensor torch ops
+# were 3-6x slower here (a float32 and a bool temporary the size of the pixels).
+_CHECK_CHUNK = 1 << 16
+
+
+def _to_uint8_numpy(t: torch.Tensor) -> torch.Tensor | None:
+    src = t.contiguous().numpy().reshape(-1)
+    out = np.empty(src.size, dtype=np.uint8)
+    back = np.empty(min(_CHECK_CHUNK, src.size), dtype=src.dtype)
+    # out-of-range and NaN casts are what the check is for: silence numpy's warning about them
+    with np.errstate(invalid="ignore", over="ignore"):
+        for start in range(0, src.size, _CHECK_CHUNK):
+            chunk = src[start : start + _CHECK_CHUNK]
+            as_uint8 = out[start : start + _CHECK_CHUNK]
+            np.copyto(as_uint8, chunk, casting="unsafe")
+            round_trip = back[: chunk.size]
+            np.copyto(round_trip, as_uint8)
+            if not np.array_equal(round_trip, chunk):
+                return None
+    return torch.from_numpy(out).view(t.shape)
+
+
+def raw_pixel_kwargs() -> dict[str, bool]:
+    """The HF processor kwargs that leave pixels raw: no rescale, no normalise."""
+    return {"do_rescale": False, "do_normalize": False}

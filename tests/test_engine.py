@@ -1,0 +1,152 @@
+"""The receiving side: decoded features become model inputs on a device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from mmproc import engine
+from mmproc.engine import DEFAULT_PIXEL_KEYS, norm_module, prepare_feature
+from mmproc.errors import DecodeError
+from mmproc.fused_norm import (
+    ChannelLayout,
+    FusedInputNorm,
+    NormSpec,
+    raw_pixel_kwargs,
+    to_uint8_pixels,
+)
+from PIL import Image
+from transformers.image_utils import PILImageResampling
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+QWEN2_VL = dict(
+    patch_size=14,
+    merge_size=2,
+    temporal_patch_size=2,
+    min_pixels=3136,
+    max_pixels=12845056,
+    image_mean=list(CLIP_MEAN),
+    image_std=list(CLIP_STD),
+    resample=PILImageResampling.BICUBIC,
+)
+QWEN_LAYOUT = ChannelLayout.flat_patches(patch_size=14, temporal_patch_size=2)
+SPEC = NormSpec(CLIP_MEAN, CLIP_STD, 1 / 255, QWEN_LAYOUT, ("pixel_values", "pixel_values_videos"))
+
+
+def image(height: int = 100, width: int = 150) -> Image.Image:
+    rng = np.random.default_rng(height * 1000 + width)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+
+
+@pytest.mark.parametrize("backend", [Qwen2VLImageProcessorPil, Qwen2VLImageProcessor])
+def test_uint8_feature_becomes_the_hf_float_inputs(backend) -> None:
+    ip = backend(**QWEN2_VL)
+    img = image()
+    hf = ip(images=img, return_tensors="pt")
+    raw = ip(images=img, return_tensors="pt", **raw_pixel_kwargs())
+    pixels = to_uint8_pixels(raw["pixel_values"])
+    assert pixels is not None
+    spec = NormSpec.from_image_processor(ip, layout=QWEN_LAYOUT)
+    feature = {"pixel_values": pixels, "image_grid_thw": raw["image_grid_thw"]}
+
+    out = prepare_feature(feature, spec.to_wire(), device="cpu", dtype=torch.float32)
+    torch.testing.assert_close(out["pixel_values"], hf["pixel_values"], rtol=0, atol=1e-6)
+    assert torch.equal(out["image_grid_thw"], hf["image_grid_thw"])
+    assert out["image_grid_thw"].dtype == torch.int64
+
+    out = prepare_feature(feature, spec.to_wire(), device="cpu")  # bfloat16 by default
+    assert out["pixel_values"].dtype == torch.bfloat16
+    ref = hf["pixel_values"].to(torch.bfloat16).double()
+    step = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(2.0**-126))) - 7)
+    assert bool(((out["pixel_values"].double() - ref).abs() <= step).all())
+
+
+def test_float_feature_without_spec_is_cast_to_the_model_dtype() -> None:
+    pixels = torch.rand(8, 1176)
+    grid = torch.tensor([[1, 2, 4]])
+    feature = {"pixel_values": pixels, "image_grid_thw": grid, "second_per_grid_ts": torch.ones(1)}
+    out = prepare_feature(feature, None, device="cpu", dtype=torch.bfloat16)
+    assert torch.equal(out["pixel_values"], pixels.to(torch.bfloat16))
+    assert out["image_grid_thw"] is grid  # already where it belongs: moved as it is
+    assert out["second_per_grid_ts"].dtype == torch.float32  # not a pixel key: dtype kept
+    assert DEFAULT_PIXEL_KEYS == ("pixel_values", "pixel_values_videos")
+
+
+def test_video_pixels_follow_the_spec_too() -> None:
+    raw = torch.randint(0, 256, (16, 1176), dtype=torch.uint8)
+    out = prepare_feature(
+        {"pixel_values_videos": raw, "video_grid_thw": torch.tensor([[2, 2, 4]])},
+        SPEC.to_wire(),
+        device="cpu",
+        dtype=torch.float32,
+    )
+    assert torch.equal(out["pixel_values_videos"], FusedInputNorm(SPEC, dtype=torch.float32)(raw))
+
+
+def test_pixel_keys_argument_overrides_the_spec() -> None:
+    raw = torch.randint(0, 256, (4, 1176), dtype=torch.uint8)
+    out = prepare_feature({"patches": raw}, SPEC, device="cpu", pixel_keys={"patches"})
+    assert out["patches"].dtype == torch.bfloat16
+    assert torch.equal(out["patches"], FusedInputNorm(SPEC)(raw))
+    # a name left out of pixel_keys is moved untouched
+    out = prepare_feature({"pixel_values": raw}, SPEC, device="cpu", pixel_keys=())
+    assert out["pixel_values"] is raw
+
+
+def test_non_tensor_values_pass_through() -> None:
+    feature = {"num_frames": 3, "pixel_values": torch.rand(2, 1176)}
+    out = prepare_feature(feature, None, device="cpu")
+    assert out["num_frames"] == 3
+
+
+def test_float_pixels_next_to_a_spec_are_refused() -> None:
+    with pytest.raises(DecodeError, match=r"'pixel_values'.*uint8"):
+        prepare_feature({"pixel_values": torch.rand(4, 1176)}, SPEC.to_wire(), device="cpu")
+
+
+def test_pixels_that_do_not_fit_the_spec_raise_decode_error() -> None:
+    with pytest.raises(DecodeError, match=r"'pixel_values'.*length 1176"):
+        prepare_feature(
+            {"pixel_values": torch.zeros(4, 1000, dtype=torch.uint8)}, SPEC.to_wire(), device="cpu"
+        )
+
+
+def test_malformed_spec_raises_decode_error() -> None:
+    wire = SPEC.to_wire()
+    wire["std"] = [0.5, 0.0, 0.5]
+    with pytest.raises(DecodeError, match="std must be > 0"):
+        prepare_feature(
+            {"pixel_values": torch.zeros(1, 1176, dtype=torch.uint8)}, wire, device="cpu"
+        )
+
+
+def test_modules_are_cached_per_spec_device_and_dtype() -> None:
+    a = norm_module(NormSpec.from_wire(SPEC.to_wire()), device="cpu")
+    b = norm_module(NormSpec.from_wire(SPEC.to_wire()), device=torch.device("cpu"))
+    assert a is b
+    assert not a.training
+    assert norm_module(SPEC, device="cpu", dtype=torch.float32) is not a
+    other = NormSpec((0.5,) * 3, (0.5,) * 3, 1 / 255, QWEN_LAYOUT)
+    assert norm_module(other, device="cpu") is not a
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_device_from_pinned_memory() -> None:
+    raw = torch.randint(0, 256, (64, 1176), dtype=torch.uint8).pin_memory()
+    grid = torch.tensor([[1, 8, 8]])
+    feature = {"pixel_values": raw, "image_grid_thw": grid}
+    out = prepare_feature(feature, SPEC.to_wire(), device="cuda")
+    assert out["pixel_values"].device.type == "cuda"
+    assert out["image_grid_thw"].device.type == "cuda"
+    expected = FusedInputNorm(SPEC)(raw)
+    assert torch.equal(out["pixel_values"].cpu(), expected)
+
+
+def test_public_names() -> None:
+    assert engine.__all__ == sorted(engine.__all__)
+    for name in engine.__all__:
+        if name != "DEFAULT_PIXEL_KEYS":
+            assert getattr(engine, name).__doc__
