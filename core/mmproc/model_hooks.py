@@ -29,6 +29,8 @@ class ModelHooks:
         self._hook = manager.hook
         self.reference = reference
         self.model_class = model_class
+        #: The model object whose methods implement the hooks.
+        self.model_instance = next(p for p in manager.get_plugins() if isinstance(p, model_class))
 
     @property
     def plugin(self) -> str:

@@ -1,0 +1,1 @@
+"""mmproc plugin for PaddleOCR-VL."""

@@ -1,0 +1,117 @@
+"""The PaddleOCR-VL model hooks.
+
+Images become patches ``(num_patches, C*T, P, P)`` (temporal patch 1) plus a ``(t, h, w)`` grid
+per image; each ``<|IMAGE_PLACEHOLDER|>`` expands to ``prod(grid) / merge_size**2`` copies of
+itself, between ``<|IMAGE_START|>`` and ``<|IMAGE_END|>``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from mmproc import hookimpl
+from mmproc.context import ModelContext
+from mmproc.errors import ConfigurationError, ProcessorLoadError
+from mmproc.fields import BatchedField, FieldSpec, FlatField
+from mmproc.fused_norm import ChannelLayout, NormSpec
+from mmproc.prompt_update import PromptReplacement, PromptUpdate
+
+__all__ = ["BACKENDS", "PaddleOCRVLModel"]
+
+BACKENDS = ("torchvision", "pil")
+IMAGE_PLACEHOLDER = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+
+
+def _chat_template(folder: Path) -> str | None:
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    as_json = folder / "chat_template.json"
+    if as_json.is_file():
+        template = json.loads(as_json.read_text(encoding="utf-8")).get("chat_template")
+        return template if isinstance(template, str) else None
+    return None
+
+
+class PaddleOCRVLModel:
+    """Hooks for ``PaddleOCRVLForConditionalGeneration``."""
+
+    @hookimpl
+    def load_hf_processor(self, ctx: ModelContext) -> Any:
+        """Image processor of the chosen backend, the tokenizer and the chat template."""
+        backend = ctx.option("backend") or "torchvision"
+        if backend not in BACKENDS:
+            raise ConfigurationError(
+                f"{ctx.architecture}: backend must be one of {', '.join(BACKENDS)}, "
+                f"got {backend!r}"
+            )
+        folder = ctx.require_model_path()
+        from transformers import AutoTokenizer
+        from transformers.models.paddleocr_vl.processing_paddleocr_vl import PaddleOCRVLProcessor
+
+        if backend == "pil":
+            from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (
+                PaddleOCRVLImageProcessorPil as ImageProcessor,
+            )
+        else:
+            from transformers.models.paddleocr_vl.image_processing_paddleocr_vl import (
+                PaddleOCRVLImageProcessor as ImageProcessor,
+            )
+        extra = dict(ctx.option("hf_processor_kwargs") or {})
+        try:
+            return PaddleOCRVLProcessor(
+                image_processor=ImageProcessor.from_pretrained(
+                    str(folder), local_files_only=True, **extra
+                ),
+                tokenizer=AutoTokenizer.from_pretrained(str(folder), local_files_only=True),
+                chat_template=_chat_template(folder),
+            )
+        except Exception as exc:
+            raise ProcessorLoadError(
+                f"{ctx.architecture} (plugin {ctx.plugin!r}): cannot build the processor from "
+                f"{folder} with the {backend} backend: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    @hookimpl
+    def get_dummy_text(self, ctx: ModelContext, mm_counts: Mapping[str, int]) -> str:
+        """One ``<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>`` per image."""
+        return IMAGE_PLACEHOLDER * mm_counts.get("image", 0)
+
+    @hookimpl
+    def get_mm_fields(
+        self, ctx: ModelContext, outputs: Mapping[str, Any]
+    ) -> Mapping[str, FieldSpec]:
+        """Patches split by each image's grid product; grids one row per image."""
+        return {
+            "pixel_values": FlatField.from_grid("image", "image_grid_thw"),
+            "image_grid_thw": BatchedField("image"),
+        }
+
+    @hookimpl
+    def get_prompt_updates(
+        self,
+        ctx: ModelContext,
+        processor: Any,
+        item_outputs: Mapping[str, Sequence[Mapping[str, Any]]],
+    ) -> Sequence[PromptUpdate]:
+        """Each ``<|IMAGE_PLACEHOLDER|>`` becomes ``prod(grid) / merge_size**2`` of itself."""
+        images = item_outputs.get("image") or []
+        token_id = int(processor.image_token_id)
+        merge = int(processor.image_processor.merge_size) ** 2
+
+        def expand(index: int) -> list[int]:
+            grid = torch.as_tensor(images[index]["image_grid_thw"])
+            return [token_id] * (int(grid.prod()) // merge)
+
+        return [PromptReplacement("image", [token_id], expand)]
+
+    @hookimpl
+    def device_norm_spec(self, ctx: ModelContext, processor: Any) -> NormSpec | None:
+        """Patches are ``(N, C*T, P, P)``, channel-outermost: the channel axis is -3."""
+        image_processor = processor.image_processor
+        layout = ChannelLayout(axis=-3, block=int(image_processor.temporal_patch_size))
+        return NormSpec.from_image_processor(image_processor, layout=layout)

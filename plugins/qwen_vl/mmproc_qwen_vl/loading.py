@@ -1,0 +1,91 @@
+"""Build a Qwen2-VL / Qwen2.5-VL processor from a local model folder, either image backend.
+
+The processor is assembled from its parts instead of through ``AutoProcessor`` because two real
+folder layouts break the Auto classes: ``AutoProcessor.from_pretrained(folder, backend="pil")``
+fails (the video processor has no PIL backend), and Qwen2.5-VL hub folders name an image
+processor class transformers does not have (``Qwen2_5_VLImageProcessor``). The image processor
+class of the chosen backend reads the same settings from both the hub layout
+(``preprocessor_config.json`` with ``min_pixels`` / ``max_pixels``) and the ``save_pretrained``
+layout (``processor_config.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mmproc.context import ModelContext
+from mmproc.errors import ConfigurationError, ProcessorLoadError
+
+__all__ = ["BACKENDS", "load_qwen_processor", "read_chat_template"]
+
+BACKENDS = ("torchvision", "pil")
+
+_QWEN2_5_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
+
+
+def read_chat_template(folder: Path) -> str | None:
+    """The chat template stored in ``folder`` (``chat_template.jinja`` or ``.json``), if any."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    as_json = folder / "chat_template.json"
+    if as_json.is_file():
+        try:
+            template = json.loads(as_json.read_text(encoding="utf-8")).get("chat_template")
+        except (json.JSONDecodeError, AttributeError) as exc:
+            raise ProcessorLoadError(f"{as_json} is not a JSON object: {exc}") from exc
+        return template if isinstance(template, str) else None
+    return None
+
+
+def load_qwen_processor(ctx: ModelContext) -> Any:
+    """The HF processor for ``ctx``'s folder, with the image backend of option ``backend``."""
+    backend = ctx.option("backend") or "torchvision"
+    if backend not in BACKENDS:
+        raise ConfigurationError(
+            f"{ctx.architecture}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+        )
+    folder = ctx.require_model_path()
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    if backend == "pil":
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil as ImageProcessor,
+        )
+    else:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
+            Qwen2VLImageProcessor as ImageProcessor,
+        )
+    if ctx.architecture == _QWEN2_5_ARCHITECTURE:
+        from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import (
+            Qwen2_5_VLProcessor as ProcessorClass,
+        )
+    else:
+        from transformers.models.qwen2_vl.processing_qwen2_vl import (
+            Qwen2VLProcessor as ProcessorClass,
+        )
+    extra = dict(ctx.option("hf_processor_kwargs") or {})
+    try:
+        image_processor = ImageProcessor.from_pretrained(
+            str(folder), local_files_only=True, **extra
+        )
+        video_processor = Qwen2VLVideoProcessor.from_pretrained(
+            str(folder), local_files_only=True, **extra
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        return ProcessorClass(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=video_processor,
+            chat_template=read_chat_template(folder),
+        )
+    except (ConfigurationError, ProcessorLoadError):
+        raise
+    except Exception as exc:
+        raise ProcessorLoadError(
+            f"{ctx.architecture} (plugin {ctx.plugin!r}): cannot build the processor from "
+            f"{folder} with the {backend} backend: {type(exc).__name__}: {exc}"
+        ) from exc

@@ -1,0 +1,11 @@
+"""Registration module of the qwen_vl plugin: light, imports no model code."""
+
+from mmproc import hookimpl
+
+ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+
+
+@hookimpl
+def mmproc_register_models(registry):  # type: ignore[no-untyped-def]
+    """Serve Qwen2-VL and Qwen2.5-VL with :class:`mmproc_qwen_vl.model.QwenVLModel`."""
+    registry.register(list(ARCHITECTURES), "mmproc_qwen_vl.model:QwenVLModel")
