@@ -1,0 +1,732 @@
+"""The msgpack codec: plain values plus tensors, with big tensors in their own frames.
+
+A message is a list of buffers. Frame 0 is the msgpack body; every further frame ("aux frame") is
+the raw C-order bytes of one tensor. Inside the body a torch tensor or numpy array is the msgpack
+array ``[dtype, shape, data]`` (the layout of vLLM's serializer, kept byte-compatible):
+
+* ``dtype`` -- torch's name without ``torch.`` (``"bfloat16"``) or numpy's ``dtype.str``
+  (``"<f4"``); the family decides whether a torch tensor or a numpy array comes back;
+* ``shape`` -- an array of non-negative ints;
+* ``data`` -- msgpack ext type 3 holding the raw bytes when the tensor is smaller than the
+  zero-copy threshold, else the int index (>= 1) of the aux frame holding them.
+
+Zero copy both ways: an aux frame returned by `encode` is a view of the tensor's own memory (a
+non-contiguous tensor is made contiguous once, which is the only copy), and `decode` builds every
+tensor as a view over the frame it came in (``torch.frombuffer`` / ``numpy.frombuffer``). Decoded
+tensors and arrays are therefore **read-only views**: they keep the received frames alive, numpy
+arrays are flagged read-only, and torch tensors (which torch cannot flag) must not be written to
+-- ``.clone()`` one first if it needs to change.
+
+`decode` trusts nothing it is given. Before anything is built it checks frame count, byte totals
+and body size against `DecodeLimits`; the msgpack parse is bounded in containers and only ext type
+3 is accepted (nothing is ever unpickled); every tensor's dtype must be on the allow-list, its shape
+made of non-negative ints, ``prod(shape) * itemsize`` equal to the bytes it points at, frame
+indices in range and every aux frame referenced exactly once; nesting depth is bounded. Whatever
+is wrong surfaces as `mmproc.errors.DecodeError` naming the fault and where it was
+(``$.features[0].data.pixel_values``).
+"""
+
+from __future__ import annotations
+
+import os
+import reprlib
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias, TypeVar
+
+import msgpack
+import numpy as np
+import torch
+
+from mmproc.errors import ConfigurationError, DecodeError, EncodeError
+from mmproc.wire.dtypes import (
+    DEFAULT_ALLOWED_DTYPES,
+    TORCH_ENCODING,
+    DTypeSpec,
+    build_dtype_table,
+    is_dtype_name,
+)
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_THRESHOLD",
+    "EXT_RAW_VIEW",
+    "THRESHOLD_ENV",
+    "DecodeLimits",
+    "Frame",
+    "decode",
+    "encode",
+    "zero_copy_threshold",
+]
+
+THRESHOLD_ENV: Final = "MMPROC_ZERO_COPY_THRESHOLD"
+"""Environment variable holding the zero-copy threshold in bytes."""
+
+DEFAULT_THRESHOLD: Final = 256
+"""Tensors of at least this many bytes leave as aux frames (same default as vLLM)."""
+
+EXT_RAW_VIEW: Final = 3
+"""msgpack ext type code of inline raw tensor bytes (vLLM's ``CUSTOM_TYPE_RAW_VIEW``)."""
+
+DEFAULT_MAX_DEPTH: Final = 32
+"""Deepest nesting of arrays and maps the encoder writes and the default decoder accepts. A tensor
+counts two levels (its ``[dtype, shape, data]`` array and the shape array)."""
+
+# The decoder walks the tree recursively; this cap keeps any configured depth far below Python's
+# recursion limit (and below msgpack's own parse stack of 1024).
+_DEPTH_CEILING: Final = 256
+
+# Largest product of a shape's non-zero dimensions times the item size that torch and numpy can
+# represent (both index with int64). Checked before building even a zero-element tensor, whose
+# strides are still computed from the other dimensions.
+_MAX_EXTENT: Final = 2**62
+
+Frame: TypeAlias = bytes | memoryview
+"""One buffer of an encoded message: frame 0 is ``bytes``, aux frames are ``memoryview``s."""
+
+_T = TypeVar("_T")
+
+_PLAIN: Final[frozenset[type]] = frozenset({type(None), bool, int, float, str, bytes})
+
+
+# --- threshold ----------------------------------------------------------------------------------
+
+
+def zero_copy_threshold(threshold: int | None = None) -> int:
+    """The zero-copy threshold in bytes: ``threshold`` if given, else the environment variable
+    ``MMPROC_ZERO_COPY_THRESHOLD`` (unset or empty means the default, 256).
+
+    A tensor whose byte size is below the threshold is written inline into the msgpack body;
+    any other tensor (including every tensor when the threshold is 0) becomes an aux frame.
+    Raises `ConfigurationError` for a value that is not a non-negative integer.
+    """
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, int):
+            raise ConfigurationError(
+                f"zero-copy threshold must be an int number of bytes, got {threshold!r}"
+            )
+        if threshold < 0:
+            raise ConfigurationError(f"zero-copy threshold must be >= 0 bytes, got {threshold}")
+        return int(threshold)
+    raw = os.environ.get(THRESHOLD_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_THRESHOLD
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigurationError(
+            f"{THRESHOLD_ENV}={raw!r} is not an integer number of bytes "
+            f"(default {DEFAULT_THRESHOLD})"
+        ) from None
+    if value < 0:
+        raise ConfigurationError(f"{THRESHOLD_ENV}={raw!r} must be >= 0 bytes")
+    return value
+
+
+# --- faults carry the path to where they happened -------------------------------------------------
+
+
+class _Fault(Exception):
+    """Internal: what was wrong, plus the path, collected innermost first while unwinding."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.path: list[Any] = []
+
+    def where(self) -> str:
+        parts = ["$"]
+        for step in reversed(self.path):
+            if isinstance(step, int):
+                parts.append(f"[{step}]")
+            elif isinstance(step, str) and step.isidentifier() and len(step) <= 64:
+                parts.append(f".{step}")
+            else:
+                parts.append(f"[{repr(step)[:64]}]")
+        return "".join(parts)
+
+
+# Error messages quote values from untrusted messages: reprlib bounds the work and the length
+# (a plain repr of a 16 MiB string or a deep list would cost as much as the attack it reports).
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 48
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 6
+_REPR.maxlevel = 3
+
+
+def _short(value: object) -> str:
+    """A short, bounded-cost repr of a value from a message, for error messages."""
+    return _REPR.repr(value)
+
+
+# --- encoding -----------------------------------------------------------------------------------
+
+
+class _Encoder:
+    """One encode call: walks the object, swaps tensors for ``[dtype, shape, data]``."""
+
+    __slots__ = ("frames", "threshold")
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        # Slot 0 is replaced by the msgpack body once the walk has collected the aux frames.
+        self.frames: list[Frame] = [b""]
+
+    def walk(self, obj: Any, depth: int) -> Any:
+        kind = type(obj)
+        if kind in _PLAIN:
+            return obj
+        if kind is list or kind is tuple:
+            return self._sequence(obj, depth)
+        if kind is dict:
+            return self._mapping(obj, depth)
+        if isinstance(obj, torch.Tensor):
+            return self._tensor(obj, depth)
+        if isinstance(obj, np.ndarray):
+            return self._ndarray(obj, depth)
+        return self._other(obj, depth)
+
+    def value(self, obj: Any, path: tuple[str | int, ...]) -> Any:
+        """Encode one value found at ``path`` of a structure the caller lays out itself (the
+        request schema does, to skip walking fields it has validated already)."""
+        try:
+            return self.walk(obj, len(path))
+        except _Fault as fault:
+            fault.path.extend(reversed(path))
+            raise
+
+    def _sequence(self, obj: Sequence[Any], depth: int) -> Any:
+        depth += 1
+        if depth > DEFAULT_MAX_DEPTH:
+            raise _Fault(f"nested deeper than {DEFAULT_MAX_DEPTH} levels (or a cycle)")
+        # Fast path, C speed: a list of scalars (token ids) goes to msgpack untouched.
+        if set(map(type, obj)) <= _PLAIN:
+            return obj
+        out = []
+        for index, item in enumerate(obj):
+            if type(item) in _PLAIN:  # inline: most items need no call
+                out.append(item)
+                continue
+            try:
+                out.append(self.walk(item, depth))
+            except _Fault as fault:
+                fault.path.append(index)
+                raise
+        if (
+            len(out) == 3
+            and type(out[0]) is str
+            and type(out[1]) in (list, tuple)
+            and type(out[2]) is int
+            and is_dtype_name(out[0])
+        ):
+            # The decoder reads [dtype, [dims], int] as a tensor in an aux frame; a plain list of
+            # that form would come back as something else (or be rejected).
+            raise _Fault(
+                f"list {_short(out)} has the form of an encoded tensor [dtype, shape, frame] "
+                "and would not decode as a list"
+            )
+        return out
+
+    def _mapping(self, obj: Mapping[Any, Any], depth: int) -> dict[str, Any]:
+        depth += 1
+        if depth > DEFAULT_MAX_DEPTH:
+            raise _Fault(f"nested deeper than {DEFAULT_MAX_DEPTH} levels (or a cycle)")
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            if type(key) is not str:
+                if not isinstance(key, str):
+                    raise _Fault(
+                        f"dict key {_short(key)} is a {type(key).__name__}; only str keys "
+                        "can go on the wire"
+                    )
+                key = str.__str__(key)  # a str subclass (StrEnum) goes as its plain value
+            if type(value) in _PLAIN:  # inline: most values need no call
+                out[key] = value
+                continue
+            try:
+                out[key] = self.walk(value, depth)
+            except _Fault as fault:
+                fault.path.append(key)
+                raise
+        return out
+
+    def _tensor(self, tensor: torch.Tensor, depth: int) -> list[Any]:
+        if depth + 2 > DEFAULT_MAX_DEPTH:
+            raise _Fault(f"tensor nested deeper than {DEFAULT_MAX_DEPTH} levels")
+        encoding = TORCH_ENCODING.get(tensor.dtype)
+        if encoding is None:
+            raise _Fault(f"torch dtype {tensor.dtype} cannot go on the wire")
+        name, view_as = encoding
+        # Fast path for the common case (CPU, dense, contiguous, no autograd): `.numpy()` and the
+        # byte cast refuse everything else, and only then is the tensor examined in detail.
+        try:
+            array = (tensor if view_as is None else tensor.view(view_as)).numpy()
+            view = memoryview(array).cast("B") if array.nbytes else memoryview(b"")
+        except (RuntimeError, TypeError, ValueError):
+            array = self._host_array(tensor, view_as)
+            view = memoryview(array).cast("B") if array.nbytes else memoryview(b"")
+        # The shape goes as the numpy tuple: msgpack writes tuples as arrays.
+        return [name, array.shape, self._data(view)]
+
+    @staticmethod
+    def _host_array(tensor: torch.Tensor, view_as: torch.dtype | None) -> np.ndarray:
+        """The slow path: say why a tensor cannot go, or make it contiguous (one copy)."""
+        if not tensor.is_cpu:
+            raise _Fault(
+                f"tensor is on {tensor.device}; move it to the CPU before encoding "
+                "(the wire carries host memory)"
+            )
+        if tensor.layout is not torch.strided:
+            raise _Fault(f"tensor layout {tensor.layout} is not supported; use .to_dense()")
+        # detach: the wire carries values, not autograd history. resolve_*: lazily conjugated or
+        # negated views cannot expose their memory. contiguous: the one copy a strided tensor
+        # costs. Each is a no-op when it does not apply.
+        tensor = tensor.detach().resolve_conj().resolve_neg().contiguous()
+        return (tensor if view_as is None else tensor.view(view_as)).numpy()
+
+    def _ndarray(self, array: np.ndarray, depth: int) -> list[Any]:
+        if depth + 2 > DEFAULT_MAX_DEPTH:
+            raise _Fault(f"array nested deeper than {DEFAULT_MAX_DEPTH} levels")
+        dtype = array.dtype
+        if dtype.kind not in "biufc" or dtype.fields is not None:
+            raise _Fault(
+                f"numpy dtype {dtype} cannot go on the wire: only bool, integer, float and "
+                "complex arrays have a plain binary layout (object arrays would need pickle)"
+            )
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)  # the one copy a non-contiguous array costs
+        # memoryview.cast refuses shapes with a zero in them; an empty array has no bytes anyway.
+        view = memoryview(array).cast("B") if array.nbytes else memoryview(b"")
+        return [dtype.str, array.shape, self._data(view)]
+
+    def _data(self, view: memoryview) -> msgpack.ExtType | int:
+        """Inline ext 3 below the threshold, else the index of a new aux frame."""
+        if view.nbytes < self.threshold:
+            # Small: one copy into the body is cheaper than a frame of its own.
+            return msgpack.ExtType(EXT_RAW_VIEW, view.tobytes())
+        self.frames.append(view)  # the view keeps the tensor's memory alive
+        return len(self.frames) - 1
+
+    def _other(self, obj: Any, depth: int) -> Any:
+        # Subclasses of the plain types go as their plain value (IntEnum, StrEnum, torch.Size,
+        # namedtuples, OrderedDict); anything else is refused rather than guessed at.
+        if isinstance(obj, int):
+            return int.__int__(obj)
+        if isinstance(obj, float):
+            return float.__float__(obj)
+        if isinstance(obj, str):
+            return str.__str__(obj)
+        if isinstance(obj, (bytes, bytearray, memoryview)):
+            return bytes(obj)
+        if isinstance(obj, (list, tuple)):
+            return self._sequence(obj, depth)
+        if isinstance(obj, dict):
+            return self._mapping(obj, depth)
+        if isinstance(obj, np.generic):
+            raise _Fault(
+                f"numpy scalar {type(obj).__name__} cannot go on the wire; use .item() for a "
+                "Python number or np.asarray() for a 0-d array"
+            )
+        raise _Fault(f"cannot encode an object of type {type(obj).__qualname__}")
+
+
+def encode(obj: Any, *, threshold: int | None = None) -> list[Frame]:
+    """Encode ``obj`` as a list of frames: frame 0 the msgpack body, then one frame per tensor
+    whose byte size is at least the zero-copy threshold.
+
+    ``obj`` may hold None, bool, int, float, str, bytes, lists (tuples go as lists), dicts with str
+    keys, torch tensors (CPU, strided) and numpy arrays (bool/int/float/complex). ``threshold``
+    defaults to `zero_copy_threshold()` (env ``MMPROC_ZERO_COPY_THRESHOLD``, else 256).
+
+    Aux frames are 1-D unsigned-byte ``memoryview``s over the tensors' own memory: nothing is
+    copied, and the views keep the tensors alive. Do not modify a tensor until its frames have
+    been sent (see `mmproc.wire.RequestSender.send`, which returns a tracker for that).
+
+    Raises `EncodeError` naming the offending value's path (``$.features[0].data``) for anything
+    that cannot go on the wire, and `ConfigurationError` for a bad threshold.
+    """
+    return encode_tree(lambda encoder: encoder.walk(obj, 0), threshold)
+
+
+def encode_tree(build: Callable[[_Encoder], Any], threshold: int | None) -> list[Frame]:
+    """Internal to `mmproc.wire`: encode the tree ``build(encoder)`` returns. ``build`` lays out
+    containers itself and passes values through ``encoder.value(obj, path)``, which swaps tensors
+    for ``[dtype, shape, data]`` and checks everything it walks; what ``build`` puts in the tree
+    directly must already be plain msgpack values."""
+    encoder = _Encoder(zero_copy_threshold(threshold))
+    try:
+        tree = build(encoder)
+    except _Fault as fault:
+        raise EncodeError(f"cannot encode {fault.where()}: {fault.reason}") from None
+    try:
+        body = msgpack.packb(tree, use_bin_type=True)
+    except (OverflowError, ValueError, TypeError) as exc:
+        # msgpack's own limits (ints beyond 64 bits, bins over 4 GiB), or a value put in the tree
+        # directly that msgpack cannot pack.
+        raise EncodeError(f"msgpack cannot pack the object: {exc}") from exc
+    frames = encoder.frames
+    frames[0] = body
+    return frames
+
+
+# --- decoding -----------------------------------------------------------------------------------
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"DecodeLimits.{name} must be a positive int, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """Bounds `decode` enforces on an untrusted message; all are checked before the work they
+    bound is done. Bad values are a `ConfigurationError`."""
+
+    max_frames: int = 4096
+    """Most frames in one message, frame 0 included."""
+    max_total_bytes: int = 1 << 30
+    """Most bytes over all frames together (1 GiB)."""
+    max_body_bytes: int = 16 << 20
+    """Most bytes in frame 0, the msgpack body (16 MiB). Parsing builds Python objects, up to
+    ~60x the bytes that describe them, so this is kept far below ``max_total_bytes``."""
+    max_depth: int = DEFAULT_MAX_DEPTH
+    """Deepest nesting of arrays and maps (a tensor takes two levels); at most 256."""
+    max_containers: int = 1 << 18
+    """Most arrays and maps in the body; bounds the memory the parse itself allocates."""
+    max_ndim: int = 32
+    """Most dimensions in a tensor's shape."""
+    allowed_dtypes: frozenset[str] = DEFAULT_ALLOWED_DTYPES
+    """Wire dtype names rebuilt; any other dtype is a `DecodeError`. Only plain binary element
+    types (bool, integer, float, complex) can be allowed."""
+    _dtypes: Mapping[str, DTypeSpec] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_frames",
+            "max_total_bytes",
+            "max_body_bytes",
+            "max_depth",
+            "max_containers",
+            "max_ndim",
+        ):
+            _positive(name, getattr(self, name))
+        if self.max_depth > _DEPTH_CEILING:
+            raise ConfigurationError(
+                f"DecodeLimits.max_depth must be <= {_DEPTH_CEILING}, got {self.max_depth}"
+            )
+        try:
+            allowed = frozenset(self.allowed_dtypes)
+        except TypeError:
+            allowed = None
+        if (
+            allowed is None
+            or isinstance(self.allowed_dtypes, str)
+            or not all(isinstance(name, str) for name in allowed)
+        ):
+            raise ConfigurationError("DecodeLimits.allowed_dtypes must be a set of dtype names")
+        object.__setattr__(self, "allowed_dtypes", allowed)
+        object.__setattr__(self, "_dtypes", build_dtype_table(allowed))
+
+
+DEFAULT_LIMITS: Final = DecodeLimits()
+"""The limits `decode` uses when none are given."""
+
+
+class _Inline:
+    """Internal marker for an ext-3 payload, so only the tensor position may hold one."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+_EXT_NAMES: Final = {1: "pickle", 2: "cloudpickle"}
+
+
+def _ext_hook(code: int, data: bytes) -> _Inline:
+    if code == EXT_RAW_VIEW:
+        return _Inline(data)
+    what = _EXT_NAMES.get(code)
+    raise DecodeError(
+        f"frame 0 holds msgpack ext type {code}"
+        + (f" ({what}, which is never unpickled)" if what else "")
+        + f"; only ext type {EXT_RAW_VIEW} (raw tensor bytes) is accepted"
+    )
+
+
+def _container_budget(limit: int) -> Callable[[Any], Any]:
+    remaining = limit
+
+    def count(container: Any) -> Any:
+        nonlocal remaining
+        remaining -= 1
+        if remaining < 0:
+            raise DecodeError(f"frame 0 holds more than {limit} arrays and maps")
+        return container
+
+    return count
+
+
+# torch warns once per process that a tensor over a read-only buffer is writable. Decoded tensors
+# are read-only views by contract (module docstring), so on the first such decode that one warning
+# is spent, silently, instead of reaching the user as noise.
+_readonly_warning_spent = False
+
+
+def _frombuffer(buffer: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:
+    global _readonly_warning_spent
+    if _readonly_warning_spent or (type(buffer) is memoryview and not buffer.readonly):
+        return torch.frombuffer(buffer, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        tensor = torch.frombuffer(buffer, dtype=dtype)
+    _readonly_warning_spent = True
+    return tensor
+
+
+class _Decoder:
+    """One decode call: validates the parsed tree and builds tensors over the frames."""
+
+    __slots__ = ("dtypes", "frames", "max_depth", "max_ndim", "used")
+
+    def __init__(self, limits: DecodeLimits, frames: list[memoryview]) -> None:
+        self.dtypes = limits._dtypes
+        self.max_depth = limits.max_depth
+        self.max_ndim = limits.max_ndim
+        self.frames = frames
+        self.used = bytearray(len(frames))
+
+    def value(self, obj: Any, path: tuple[str | int, ...]) -> Any:
+        """Check and convert one value found at ``path`` of a structure the caller reads itself."""
+        try:
+            return self.walk(obj, len(path))
+        except _Fault as fault:
+            fault.path.extend(reversed(path))
+            raise
+
+    def tensor(self, obj: Any, path: tuple[str | int, ...]) -> Any:
+        """Like `value`, for a place that must hold a tensor (or array)."""
+        if (
+            type(obj) is not list
+            or len(obj) != 3
+            or type(obj[0]) is not str
+            or type(obj[1]) is not list
+            or not (type(obj[2]) is _Inline or type(obj[2]) is int)
+        ):
+            fault = _Fault(f"expected a tensor [dtype, shape, data], got {_short(obj)}")
+            fault.path.extend(reversed(path))
+            raise fault
+        try:
+            return self._tensor(obj[0], obj[1], obj[2], len(path) + 1)
+        except _Fault as fault:
+            fault.path.extend(reversed(path))
+            raise
+
+    def walk(self, obj: Any, depth: int) -> Any:
+        """Check ``obj`` (nested ``depth`` containers deep) and build the tensors in it."""
+        kind = type(obj)
+        if kind in _PLAIN:
+            return obj
+        if kind is list:
+            depth += 1
+            if depth > self.max_depth:
+                raise _Fault(f"nested deeper than {self.max_depth} levels")
+            if len(obj) == 3:
+                head, shape, data = obj
+                if (
+                    type(head) is str
+                    and type(shape) is list
+                    and (type(data) is _Inline or (type(data) is int and is_dtype_name(head)))
+                ):
+                    return self._tensor(head, shape, data, depth)
+            if set(map(type, obj)) <= _PLAIN:
+                return obj
+            for index, item in enumerate(obj):
+                if type(item) not in _PLAIN:
+                    try:
+                        obj[index] = self.walk(item, depth)
+                    except _Fault as fault:
+                        fault.path.append(index)
+                        raise
+            return obj
+        if kind is dict:
+            depth += 1
+            if depth > self.max_depth:
+                raise _Fault(f"nested deeper than {self.max_depth} levels")
+            for key, value in obj.items():
+                if type(key) is not str:
+                    raise _Fault(f"map key {_short(key)} is {type(key).__name__}, not str")
+                if type(value) not in _PLAIN:
+                    try:
+                        # Replacing the value of an existing key is safe while iterating.
+                        obj[key] = self.walk(value, depth)
+                    except _Fault as fault:
+                        fault.path.append(key)
+                        raise
+            return obj
+        if kind is _Inline:
+            raise _Fault(f"ext type {EXT_RAW_VIEW} (raw tensor bytes) outside a tensor")
+        if kind is msgpack.Timestamp:
+            raise _Fault("msgpack timestamp (ext type -1) is not accepted")
+        raise _Fault(f"unexpected {kind.__name__} value")
+
+    def _tensor(self, name: str, shape: list[Any], data: _Inline | int, depth: int) -> Any:
+        if depth + 1 > self.max_depth:
+            raise _Fault(f"tensor shape nested deeper than {self.max_depth} levels")
+        spec = self.dtypes.get(name)
+        if spec is None:
+            known = "not allowed" if is_dtype_name(name) else "not a known dtype"
+            raise _Fault(f"tensor dtype {_short(name)} is {known}")
+        if len(shape) > self.max_ndim:
+            raise _Fault(f"tensor has {len(shape)} dimensions, more than {self.max_ndim}")
+        numel = 1
+        extent = spec.itemsize
+        for dim in shape:
+            if type(dim) is not int or dim < 0:
+                raise _Fault(f"tensor shape {_short(shape)} has a dimension {_short(dim)}")
+            numel *= dim
+            if dim:
+                extent *= dim
+                if extent > _MAX_EXTENT:
+                    raise _Fault(f"tensor shape {_short(shape)} is too large to represent")
+        if type(data) is _Inline:
+            buffer: bytes | memoryview = data.data
+            source = "its inline bytes"
+        else:
+            if not 0 < data < len(self.frames):
+                raise _Fault(
+                    f"tensor refers to frame {data}, but the message has frames 1.."
+                    f"{len(self.frames) - 1} for tensor data"
+                )
+            if self.used[data]:
+                raise _Fault(f"frame {data} is referenced by more than one tensor")
+            self.used[data] = 1
+            buffer = self.frames[data]
+            source = f"frame {data}"
+        nbytes = len(buffer)
+        if numel * spec.itemsize != nbytes:
+            raise _Fault(
+                f"tensor {name} {shape} needs {numel * spec.itemsize} bytes but {source} "
+                f"holds {nbytes}"
+            )
+        # A bool byte other than 0 or 1 is no value torch or numpy define. Bool tensors are small
+        # (masks such as is_embed), so checking them costs next to nothing.
+        if spec.boolean and nbytes and np.frombuffer(buffer, dtype=np.uint8).max() > 1:
+            raise _Fault(f"tensor {name} {shape} holds bytes other than 0 and 1")
+        try:
+            if spec.torch_dtype is not None:
+                if nbytes == 0:  # torch.frombuffer refuses empty buffers; nothing to share
+                    return torch.empty(shape, dtype=spec.torch_dtype)
+                flat = _frombuffer(buffer, spec.torch_dtype)
+                # view(*dims) is the cheapest reshape torch offers (a list argument costs more).
+                return flat if len(shape) == 1 else flat.view(*shape) if shape else flat.view(())
+            array = np.frombuffer(buffer, dtype=spec.numpy_dtype).reshape(shape)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            # Unreachable after the checks above; kept so a torch/numpy surprise is still a
+            # DecodeError and never crashes the receiver.
+            raise _Fault(f"cannot build tensor {name} {_short(shape)}: {exc}") from None
+        array.flags.writeable = False
+        return array
+
+
+def _frame_views(frames: Sequence[Any], limits: DecodeLimits) -> list[memoryview]:
+    try:
+        count = len(frames)
+    except TypeError:
+        raise DecodeError(
+            f"frames must be a sequence of buffers, got {type(frames).__name__}"
+        ) from None
+    if count == 0:
+        raise DecodeError("message has no frames: frame 0 (the msgpack body) is missing")
+    if count > limits.max_frames:
+        raise DecodeError(f"message has {count} frames, more than the limit of {limits.max_frames}")
+    views: list[memoryview] = []
+    total = 0
+    for index in range(count):
+        frame = frames[index]
+        try:
+            view = memoryview(frame)
+        except TypeError:
+            raise DecodeError(f"frame {index} is a {type(frame).__name__}, not a buffer") from None
+        if view.format != "B" or view.ndim != 1:
+            if not view.c_contiguous:
+                raise DecodeError(f"frame {index} is not a contiguous buffer")
+            view = view.cast("B") if view.nbytes else memoryview(b"")
+        total += view.nbytes
+        if total > limits.max_total_bytes:
+            raise DecodeError(
+                f"message is larger than the limit of {limits.max_total_bytes} bytes "
+                f"(reached at frame {index})"
+            )
+        views.append(view)
+    if views[0].nbytes > limits.max_body_bytes:
+        raise DecodeError(
+            f"frame 0 (the msgpack body) has {views[0].nbytes} bytes, more than the limit of "
+            f"{limits.max_body_bytes}"
+        )
+    return views
+
+
+def decode(frames: Sequence[Any], *, limits: DecodeLimits | None = None) -> Any:
+    """Decode a message made by `encode`: ``frames[0]`` the msgpack body, the rest aux frames.
+
+    Frames may be any buffers (``bytes``, ``memoryview``, ``zmq.Frame``). Tensors come back as
+    **read-only views** over the frames, without a copy: a torch tensor for a torch dtype name, a
+    numpy array (flagged read-only) for a numpy dtype string. They keep their frames alive.
+
+    Every check in `DecodeLimits` (``limits``, default `DEFAULT_LIMITS`) is applied; a malformed
+    message raises `DecodeError` saying what was wrong and where, never another exception.
+    """
+    return decode_tree(frames, limits, _walk_all)
+
+
+def _walk_all(tree: Any, decoder: _Decoder) -> Any:
+    return decoder.walk(tree, 0)
+
+
+def decode_tree(
+    frames: Sequence[Any], limits: DecodeLimits | None, build: Callable[[Any, _Decoder], _T]
+) -> _T:
+    """Internal to `mmproc.wire`: check and parse ``frames``, then return ``build(tree,
+    decoder)``. ``tree`` is the raw msgpack tree, nothing in it checked or converted yet;
+    ``build`` passes the parts it does not check itself through ``decoder.value(obj, path)`` or
+    ``decoder.tensor(obj, path)``. Afterwards every aux frame must have been used."""
+    if limits is None:
+        limits = DEFAULT_LIMITS
+    views = _frame_views(frames, limits)
+    count = _container_budget(limits.max_containers)
+    try:
+        tree = msgpack.unpackb(
+            views[0],
+            use_list=True,
+            raw=False,
+            strict_map_key=True,
+            timestamp=0,
+            ext_hook=_ext_hook,
+            list_hook=count,
+            object_hook=count,
+        )
+    except DecodeError:
+        raise
+    except Exception as exc:
+        # msgpack signals bad input with ValueError, TypeError, UnicodeDecodeError, StackError,
+        # ExtraData...; all of them mean the same thing here.
+        raise DecodeError(
+            f"frame 0 is not a valid msgpack body: {type(exc).__name__}: {exc}"
+        ) from None
+    decoder = _Decoder(limits, views)
+    try:
+        result = build(tree, decoder)
+    except _Fault as fault:
+        raise DecodeError(f"malformed message at {fault.where()}: {fault.reason}") from None
+    if len(views) > 1 and not all(decoder.used[1:]):
+        unused = [index for index in range(1, len(views)) if not decoder.used[index]]
+        raise DecodeError(
+            f"frames {unused[:8]}{'...' if len(unused) > 8 else ''} are not referenced by any "
+            "tensor in the body"
+        )
+    return result

@@ -1,0 +1,435 @@
+"""The engine request schema: what the front end sends and the engine receives.
+
+An `EngineRequest` is a request id, the prompt token ids (placeholders already expanded), one
+`WireFeature` per media item and free-form engine parameters. On the wire it is a msgpack map (see
+`EngineRequest.to_wire`) encoded by `mmproc.wire.codec`, so every tensor in it leaves as its own
+frame once it is at least the zero-copy threshold.
+
+The map, in this key order (tensors as the codec's ``[dtype, shape, data]``)::
+
+    {"schema_version": 1,
+     "request_id": str,
+     "prompt_token_ids": [int, ...],
+     "features": [{"modality": str, "item_index": int, "hash": str,
+                   "offset": int, "length": int, "is_embed": bool tensor | None,
+                   "data": {str: tensor, ...}, "norm": {str: plain value} | None}, ...],
+     "params": {str: any codec value}}
+
+It carries ``schema_version``; a receiver rejects any other version than `SCHEMA_VERSION`
+with a `DecodeError` that says which versions met, so a front end and an engine from different
+releases fail loudly instead of misreading each other.
+
+Both classes validate on construction (``TypeError`` / ``ValueError`` naming the field) and
+decoding turns any such failure into a `DecodeError`, so a decoded request is as well-formed as
+one built locally. `encode_request` / `decode_request` lay the map out and read it directly
+(same bytes as ``encode(request.to_wire())``): fields validated on construction, the token ids
+above all, are not walked again.
+
+Both classes are frozen; their lists, dicts and tensors are shared, not copied, and must be
+treated as read-only (decoded tensors are views over the received frames).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+import torch
+
+from mmproc.errors import DecodeError
+from mmproc.wire.codec import (
+    DecodeLimits,
+    Frame,
+    _Decoder,
+    _Encoder,
+    _short,
+    decode_tree,
+    encode_tree,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "EngineRequest",
+    "WireFeature",
+    "decode_request",
+    "encode_request",
+]
+
+SCHEMA_VERSION: Final = 1
+"""Version of the request layout below; bumped on any incompatible change."""
+
+_FEATURE_KEYS: Final = (
+    "modality",
+    "item_index",
+    "hash",
+    "offset",
+    "length",
+    "is_embed",
+    "data",
+    "norm",
+)
+_REQUEST_KEYS: Final = ("schema_version", "request_id", "prompt_token_ids", "features", "params")
+_KEY_SETS: Final = {keys: frozenset(keys) for keys in (_FEATURE_KEYS, _REQUEST_KEYS)}
+
+# Token ids are non-negative and fit the int64 the engine stores them in.
+_MAX_TOKEN_ID: Final = 2**63 - 1
+# Normalisation parameters are flat numbers and short lists (per-channel mean / std, a patch
+# layout); nesting beyond this is not a normalisation spec.
+_NORM_MAX_DEPTH: Final = 4
+_NORM_SCALARS: Final = (str, int, float, bool, type(None))
+_INT_ONLY: Final = {int}
+
+
+def _index(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}.{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{owner}.{name} must be >= 0, got {value}")
+
+
+def _numbers(value: list[Any], depth: int) -> bool:
+    for item in value:
+        if type(item) is list:
+            if depth >= _NORM_MAX_DEPTH or not _numbers(item, depth + 1):
+                return False
+        elif not isinstance(item, (int, float)):  # bool is an int
+            return False
+    return True
+
+
+def _norm_value(value: object, depth: int = 1) -> bool:
+    """A normalisation parameter: a scalar, a (nested) list of numbers, a list of strings (names
+    of pixel outputs), or a map of those (a layout). No list mixes strings with anything else, so
+    none can take the ``[dtype, shape, frame]`` form of an encoded tensor."""
+    if isinstance(value, _NORM_SCALARS):
+        return True
+    if type(value) is list:
+        return all(type(item) is str for item in value) or _numbers(value, depth)
+    if type(value) is dict and depth < _NORM_MAX_DEPTH:
+        return all(type(k) is str and _norm_value(v, depth + 1) for k, v in value.items())
+    return False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class WireFeature:
+    """One media item of a request, as the engine needs it.
+
+    ``eq=False``: features hold tensors, whose ``==`` is element-wise; compare fields explicitly.
+    """
+
+    modality: str
+    """``"image"``, ``"video"``, ``"audio"``..."""
+    item_index: int
+    """Index of the item among the request's items of this modality."""
+    hash: str
+    """Content hash of the item (framed bytes + model id + processing options)."""
+    offset: int
+    """First prompt position of the item's placeholder range."""
+    length: int
+    """Number of prompt positions in the placeholder range."""
+    is_embed: torch.Tensor | None
+    """Bool tensor of shape ``(length,)``: which placeholder positions take an embedding. None
+    means all of them."""
+    data: dict[str, torch.Tensor]
+    """The item's model inputs, one tensor per processor output key (``pixel_values``,
+    ``image_grid_thw``...)."""
+    norm: dict[str, Any] | None = None
+    """None when the pixels are ready for the model; otherwise the pixels still need device-side
+    normalisation, and this is the parameter dict (``NormSpec.to_wire()``) to apply: str keys,
+    values str / int / float / bool / None or (nested) lists of numbers."""
+
+    def __post_init__(self) -> None:
+        owner = "WireFeature"
+        if not isinstance(self.modality, str):
+            raise TypeError(f"{owner}.modality must be a str, got {type(self.modality).__name__}")
+        if not self.modality:
+            raise ValueError(f"{owner}.modality must not be empty")
+        _index(owner, "item_index", self.item_index)
+        if not isinstance(self.hash, str):
+            raise TypeError(f"{owner}.hash must be a str, got {type(self.hash).__name__}")
+        _index(owner, "offset", self.offset)
+        _index(owner, "length", self.length)
+        if self.is_embed is not None:
+            if not isinstance(self.is_embed, torch.Tensor):
+                raise TypeError(
+                    f"{owner}.is_embed must be a bool tensor or None, got "
+                    f"{type(self.is_embed).__name__}"
+                )
+            if self.is_embed.dtype is not torch.bool or self.is_embed.shape != (self.length,):
+                raise ValueError(
+                    f"{owner}.is_embed must be a bool tensor of shape ({self.length},) "
+                    f"(the placeholder length), got {self.is_embed.dtype} "
+                    f"{tuple(self.is_embed.shape)}"
+                )
+        if not isinstance(self.data, dict):
+            raise TypeError(f"{owner}.data must be a dict, got {type(self.data).__name__}")
+        for key, value in self.data.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{owner}.data keys must be str, got {_short(key)}")
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{owner}.data[{_short(key)}] must be a torch tensor, got "
+                    f"{type(value).__name__}"
+                )
+        if self.norm is not None:
+            if not isinstance(self.norm, dict):
+                raise TypeError(
+                    f"{owner}.norm must be a dict of plain values or None, got "
+                    f"{type(self.norm).__name__}"
+                )
+            for key, value in self.norm.items():
+                if not isinstance(key, str) or not _norm_value(value):
+                    raise TypeError(
+                        f"{owner}.norm[{_short(key)}] must be a str key with a str/int/float/"
+                        f"bool/None value, a (nested) list of numbers, a list of strings or a "
+                        f"map of those, got {_describe(value)}"
+                    )
+
+    @property
+    def needs_device_norm(self) -> bool:
+        """Whether the engine must still normalise this item's pixels (with `norm`)."""
+        return self.norm is not None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The map that goes on the wire (tensors still in it; the codec frames them)."""
+        return {
+            "modality": self.modality,
+            "item_index": self.item_index,
+            "hash": self.hash,
+            "offset": self.offset,
+            "length": self.length,
+            "is_embed": self.is_embed,
+            "data": self.data,
+            "norm": self.norm,
+        }
+
+    def _wire_tree(self, encoder: _Encoder, position: int) -> dict[str, Any]:
+        """`to_wire`, encoded in place: only the tensors go through the encoder's walk."""
+        is_embed = self.is_embed
+        return {
+            "modality": self.modality,
+            "item_index": self.item_index,
+            "hash": self.hash,
+            "offset": self.offset,
+            "length": self.length,
+            "is_embed": None
+            if is_embed is None
+            else encoder.value(is_embed, ("features", position, "is_embed")),
+            "data": {
+                key: encoder.value(value, ("features", position, "data", key))
+                for key, value in self.data.items()
+            },
+            "norm": self.norm,  # validated: plain values, lists of numbers
+        }
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> WireFeature:
+        """Build a feature from its decoded map; anything malformed is a `DecodeError`."""
+        return _build_feature(obj, 0, _as_is)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EngineRequest:
+    """A processed request, ready for an engine core.
+
+    ``eq=False``: requests hold tensors, whose ``==`` is element-wise; compare fields explicitly.
+    """
+
+    request_id: str
+    """Unique id of the request (non-empty)."""
+    prompt_token_ids: list[int]
+    """Prompt token ids with every placeholder expanded; each feature's range lies inside."""
+    features: list[WireFeature] = field(default_factory=list)
+    """One entry per media item, in prompt order."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Free-form engine parameters (sampling settings, priorities...): str keys, values anything
+    the codec carries. mmproc does not interpret them."""
+
+    def __post_init__(self) -> None:
+        owner = "EngineRequest"
+        if not isinstance(self.request_id, str):
+            raise TypeError(
+                f"{owner}.request_id must be a str, got {type(self.request_id).__name__}"
+            )
+        if not self.request_id:
+            raise ValueError(f"{owner}.request_id must not be empty")
+        ids = self.prompt_token_ids
+        if not isinstance(ids, list):
+            raise TypeError(f"{owner}.prompt_token_ids must be a list, got {type(ids).__name__}")
+        # C-speed checks: these lists run to 100k+ entries. `type is int` refuses bools.
+        if ids:
+            if set(map(type, ids)) != _INT_ONLY:
+                raise TypeError(f"{owner}.prompt_token_ids must hold only ints")
+            if min(ids) < 0 or max(ids) > _MAX_TOKEN_ID:
+                raise ValueError(f"{owner}.prompt_token_ids must lie in [0, 2**63)")
+        if not isinstance(self.features, list):
+            raise TypeError(f"{owner}.features must be a list, got {type(self.features).__name__}")
+        seen: set[tuple[str, int]] = set()
+        for position, feature in enumerate(self.features):
+            if not isinstance(feature, WireFeature):
+                raise TypeError(
+                    f"{owner}.features[{position}] must be a WireFeature, got "
+                    f"{type(feature).__name__}"
+                )
+            if feature.offset + feature.length > len(ids):
+                raise ValueError(
+                    f"{owner}.features[{position}] ({feature.modality} {feature.item_index}) "
+                    f"spans prompt positions {feature.offset}..{feature.offset + feature.length}"
+                    f" but the prompt has {len(ids)} tokens"
+                )
+            item = (feature.modality, feature.item_index)
+            if item in seen:
+                raise ValueError(
+                    f"{owner}.features has {feature.modality} item {feature.item_index} twice"
+                )
+            seen.add(item)
+        if not isinstance(self.params, dict):
+            raise TypeError(f"{owner}.params must be a dict, got {type(self.params).__name__}")
+        for key in self.params:
+            if not isinstance(key, str):
+                raise TypeError(f"{owner}.params keys must be str, got {_short(key)}")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The map that goes on the wire, ``schema_version`` included."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "request_id": self.request_id,
+            "prompt_token_ids": self.prompt_token_ids,
+            "features": [feature.to_wire() for feature in self.features],
+            "params": self.params,
+        }
+
+    def _wire_tree(self, encoder: _Encoder) -> dict[str, Any]:
+        """`to_wire`, encoded in place. The fields validated on construction go into the tree as
+        they are (the token ids are never walked); params, being free-form, are walked."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "request_id": self.request_id,
+            "prompt_token_ids": self.prompt_token_ids,
+            "features": [
+                feature._wire_tree(encoder, position)
+                for position, feature in enumerate(self.features)
+            ],
+            "params": encoder.value(self.params, ("params",)),
+        }
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> EngineRequest:
+        """Build a request from its decoded map (as `mmproc.wire.decode` returns it).
+
+        Raises `DecodeError` for a schema version other than `SCHEMA_VERSION`, a missing or
+        unknown key, or any field that fails validation (naming the feature at fault).
+        """
+        return _build_request(obj, _as_is, _as_is)
+
+
+# How the builders below get a field's final value: as it is (a map `decode` already converted),
+# or through the decoder (a raw msgpack tree, converted only where the schema puts tensors).
+_Resolve: TypeAlias = Callable[[Any, tuple[str | int, ...]], Any]
+
+
+def _as_is(value: Any, path: tuple[str | int, ...]) -> Any:
+    return value
+
+
+def _build_feature(raw: Any, position: int, tensor: _Resolve) -> WireFeature:
+    where = f"engine request feature {position}"
+    if type(raw) is not dict:
+        raise DecodeError(f"{where}: a feature must be a map, got {type(raw).__name__}")
+    _exact_keys(f"{where}: feature", raw, _FEATURE_KEYS)
+    is_embed = raw["is_embed"]
+    if is_embed is not None:
+        is_embed = tensor(is_embed, ("features", position, "is_embed"))
+    data = raw["data"]
+    if type(data) is dict:
+        for key in data:
+            if type(key) is not str:
+                raise DecodeError(f"{where}: data key {_short(key)} is not a str")
+        data = {
+            key: tensor(value, ("features", position, "data", key)) for key, value in data.items()
+        }
+    try:
+        return WireFeature(
+            modality=raw["modality"],
+            item_index=raw["item_index"],
+            hash=raw["hash"],
+            offset=raw["offset"],
+            length=raw["length"],
+            is_embed=is_embed,
+            data=data,
+            norm=raw["norm"],
+        )
+    except (TypeError, ValueError) as exc:
+        raise DecodeError(f"{where}: bad feature: {exc}") from None
+
+
+def _build_request(obj: Any, tensor: _Resolve, value: _Resolve) -> EngineRequest:
+    if type(obj) is not dict:
+        raise DecodeError(f"an engine request must be a map, got {type(obj).__name__}")
+    version = obj.get("schema_version")
+    if version is None:
+        raise DecodeError("not an mmproc engine request: the map has no 'schema_version'")
+    if version != SCHEMA_VERSION or type(version) is not int:
+        raise DecodeError(
+            f"engine request has schema version {_short(version)}, but this mmproc reads version "
+            f"{SCHEMA_VERSION}; run the same mmproc release on the front end and the engine"
+        )
+    _exact_keys("engine request", obj, _REQUEST_KEYS)
+    raw_features = obj["features"]
+    if type(raw_features) is not list:
+        raise DecodeError(
+            f"engine request features must be a list, got {type(raw_features).__name__}"
+        )
+    features = [_build_feature(raw, position, tensor) for position, raw in enumerate(raw_features)]
+    # Token ids and request id are checked by the constructor (C-speed for the ids), never walked.
+    params = value(obj["params"], ("params",))
+    try:
+        return EngineRequest(
+            request_id=obj["request_id"],
+            prompt_token_ids=obj["prompt_token_ids"],
+            features=features,
+            params=params,
+        )
+    except (TypeError, ValueError) as exc:
+        raise DecodeError(f"bad engine request: {exc}") from None
+
+
+def _describe(value: object) -> str:
+    return type(value).__name__ + (" holding a non-number" if type(value) is list else "")
+
+
+def _exact_keys(what: str, obj: dict[str, Any], expected: Sequence[str]) -> None:
+    if obj.keys() == _KEY_SETS[expected]:  # one C-level set comparison on the good path
+        return
+    missing = [key for key in expected if key not in obj]
+    # Keys of a raw msgpack map may be bytes as well as str: shown, never sorted or sliced.
+    unknown = [_short(key) for key in obj if key not in expected][:8]
+    parts = []
+    if missing:
+        parts.append(f"missing {missing}")
+    if unknown:
+        parts.append(f"unknown [{', '.join(unknown)}]")
+    raise DecodeError(f"{what} map has the wrong keys: {'; '.join(parts)}")
+
+
+def encode_request(request: EngineRequest, *, threshold: int | None = None) -> list[Frame]:
+    """Encode a request into frames (see `mmproc.wire.encode`): the tensors of its features that
+    reach the zero-copy threshold leave as aux frames viewing their memory."""
+    if not isinstance(request, EngineRequest):
+        raise TypeError(f"encode_request takes an EngineRequest, got {type(request).__name__}")
+    # Same bytes as encode(request.to_wire()), without re-walking what construction validated.
+    return encode_tree(request._wire_tree, threshold)
+
+
+def decode_request(frames: Sequence[Any], *, limits: DecodeLimits | None = None) -> EngineRequest:
+    """Decode frames made by `encode_request` into an `EngineRequest` whose tensors are read-only
+    views over the frames. Anything malformed, a schema version mismatch included, raises
+    `DecodeError`."""
+    # Read the raw tree once, converting only where the schema holds tensors and params: the
+    # token ids are checked at C speed by the constructor instead of being walked.
+    return decode_tree(frames, limits, _decode_request_tree)
+
+
+def _decode_request_tree(tree: Any, decoder: _Decoder) -> EngineRequest:
+    return _build_request(tree, decoder.tensor, decoder.value)

@@ -1,0 +1,284 @@
+"""The engine request schema: round trip, wire layout, versioning and validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+from mmproc.errors import DecodeError, EncodeError
+from mmproc.wire import (
+    SCHEMA_VERSION,
+    EngineRequest,
+    WireFeature,
+    decode,
+    decode_request,
+    encode,
+    encode_request,
+)
+
+NORM = {"mean": [0.48, 0.46, 0.41], "std": [0.27, 0.26, 0.28], "rescale": 1 / 255, "layout": "chw"}
+
+
+def image_feature(index: int = 0, offset: int = 2, length: int = 4) -> WireFeature:
+    return WireFeature(
+        modality="image",
+        item_index=index,
+        hash=f"hash-{index}",
+        offset=offset,
+        length=length,
+        is_embed=torch.tensor([True, False] * (length // 2)),
+        data={
+            "pixel_values": torch.randint(0, 255, (16, 588), dtype=torch.uint8),
+            "image_grid_thw": torch.tensor([1, 4, 4]),
+        },
+        norm=NORM,
+    )
+
+
+def make_request(**overrides: Any) -> EngineRequest:
+    fields: dict[str, Any] = {
+        "request_id": "req-1",
+        "prompt_token_ids": list(range(100, 120)),
+        "features": [image_feature(0, 2, 4), image_feature(1, 10, 6)],
+        "params": {"temperature": 0.7, "max_tokens": 32, "stop": ["\n"]},
+    }
+    fields.update(overrides)
+    return EngineRequest(**fields)
+
+
+def assert_same_request(got: EngineRequest, expected: EngineRequest) -> None:
+    assert got.request_id == expected.request_id
+    assert got.prompt_token_ids == expected.prompt_token_ids
+    assert got.params == expected.params
+    assert len(got.features) == len(expected.features)
+    for g, e in zip(got.features, expected.features):
+        assert (g.modality, g.item_index, g.hash, g.offset, g.length, g.norm) == (
+            e.modality,
+            e.item_index,
+            e.hash,
+            e.offset,
+            e.length,
+            e.norm,
+        )
+        if e.is_embed is None:
+            assert g.is_embed is None
+        else:
+            assert g.is_embed is not None and torch.equal(g.is_embed, e.is_embed)
+        assert list(g.data) == list(e.data)
+        for key, tensor in e.data.items():
+            assert g.data[key].dtype == tensor.dtype and torch.equal(g.data[key], tensor)
+
+
+def test_request_round_trips_with_tensors_in_aux_frames() -> None:
+    request = make_request()
+    frames = encode_request(request)
+    # the two pixel tensors leave as frames; grids and is_embed are small enough to stay inline
+    assert len(frames) == 3
+    assert frames[1].nbytes == 16 * 588
+    got = decode_request(frames)
+    assert_same_request(got, request)
+    assert got.features[0].needs_device_norm
+
+
+def test_request_wire_layout() -> None:
+    request = make_request(features=[image_feature(0, 2, 4)], params={})
+    frames = encode_request(request, threshold=1024)
+    body = msgpack.unpackb(frames[0])
+    assert list(body) == ["schema_version", "request_id", "prompt_token_ids", "features", "params"]
+    assert body["schema_version"] == SCHEMA_VERSION == 1
+    (feature,) = body["features"]
+    assert list(feature) == [
+        "modality",
+        "item_index",
+        "hash",
+        "offset",
+        "length",
+        "is_embed",
+        "data",
+        "norm",
+    ]
+    assert feature["data"]["pixel_values"] == ["uint8", [16, 588], 1]
+    assert feature["data"]["image_grid_thw"][:2] == ["int64", [3]]
+    assert feature["is_embed"] == ["bool", [4], msgpack.ExtType(3, b"\x01\x00\x01\x00")]
+    assert feature["norm"] == NORM
+
+
+def test_feature_without_norm_or_is_embed() -> None:
+    feature = WireFeature("audio", 0, "h", 0, 3, None, {"input_features": torch.zeros(80, 30)})
+    request = EngineRequest("a", [1, 2, 3], [feature])
+    got = decode_request(encode_request(request))
+    assert got.features[0].is_embed is None and got.features[0].norm is None
+    assert not got.features[0].needs_device_norm
+    assert_same_request(got, request)
+
+
+def test_request_without_features_and_with_tensor_params() -> None:
+    request = EngineRequest("t", [5], params={"bias": torch.ones(300)})
+    got = decode_request(encode_request(request))
+    assert got.features == [] and torch.equal(got.params["bias"], torch.ones(300))
+
+
+def test_other_schema_version_is_rejected_clearly() -> None:
+    wire = make_request().to_wire()
+    wire["schema_version"] = 2
+    with pytest.raises(DecodeError, match=r"schema version 2.*reads version 1"):
+        decode_request(encode(wire))
+    del wire["schema_version"]
+    with pytest.raises(DecodeError, match="no 'schema_version'"):
+        decode_request(encode(wire))
+    wire["schema_version"] = True
+    with pytest.raises(DecodeError, match="schema version True"):
+        decode_request(encode(wire))
+
+
+def test_missing_and_unknown_keys_are_rejected() -> None:
+    wire = make_request().to_wire()
+    wire["surprise"] = 1
+    with pytest.raises(DecodeError, match=r"unknown \['surprise'\]"):
+        decode_request(encode(wire))
+    wire = make_request().to_wire()
+    del wire["features"][1]["hash"]
+    with pytest.raises(DecodeError, match=r"feature 1: feature map has the wrong keys: missing"):
+        decode_request(encode(wire))
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "match"),
+    [
+        (("request_id",), 5, "request_id must be a str"),
+        (("request_id",), "", "request_id must not be empty"),
+        (("prompt_token_ids",), [1, True], "must hold only ints"),
+        (("prompt_token_ids",), [1, -1], r"\[0, 2\*\*63\)"),
+        (("prompt_token_ids",), [1, 1.0], "must hold only ints"),
+        (("prompt_token_ids",), "abc", "must be a list"),
+        (("features",), {}, "features must be a list"),
+        (("features", 0), [1], "feature must be a map"),
+        (("features", 0, "offset"), 18, r"spans prompt positions 18\.\.22"),
+        (("features", 0, "item_index"), -1, "item_index must be >= 0"),
+        (("features", 1, "item_index"), 0, "image item 0 twice"),
+        (("features", 0, "modality"), 3, "modality must be a str"),
+        (("features", 0, "is_embed"), np.ones(4, dtype=bool), "bool tensor or None"),
+        (("features", 0, "is_embed"), torch.ones(3, dtype=torch.bool), r"shape \(4,\)"),
+        (("features", 0, "is_embed"), torch.ones(4), "bool tensor of shape"),
+        (("features", 0, "data"), {"x": np.zeros(3)}, r"data\['x'\] must be a torch tensor"),
+        (("features", 0, "data"), {"x": 1}, r"\$\.features\[0\]\.data\.x: expected a tensor"),
+        (("features", 0, "is_embed"), "yes", r"is_embed: expected a tensor"),
+        (("features", 0, "norm"), {"keys": ["a", 1]}, "list of numbers"),
+        (("features", 0, "norm"), {"mean": {"nested": b"raw"}}, r"norm\['mean'\]"),
+        (("features", 0, "norm"), [1.0], "norm must be a dict"),
+        (("params",), [], "params must be a dict"),
+    ],
+)
+def test_decoded_fields_are_validated(path: tuple[Any, ...], value: Any, match: str) -> None:
+    wire = make_request().to_wire()
+    target: Any = wire
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = value
+    with pytest.raises(DecodeError, match=match):
+        decode_request(encode(wire))
+
+
+def test_construction_validates_with_type_and_value_errors() -> None:
+    with pytest.raises(TypeError, match="prompt_token_ids must be a list"):
+        make_request(prompt_token_ids=(1, 2))
+    with pytest.raises(ValueError, match="spans prompt positions"):
+        make_request(prompt_token_ids=[1, 2, 3])
+    with pytest.raises(TypeError, match="must be a WireFeature"):
+        make_request(features=[{"modality": "image"}])
+    with pytest.raises(TypeError, match="norm"):
+        WireFeature("image", 0, "h", 0, 1, None, {}, norm={"mean": (0.5,)})
+    with pytest.raises(TypeError, match="item_index must be an int"):
+        WireFeature("image", True, "h", 0, 1, None, {})
+
+
+def test_unencodable_params_fail_at_send_time_with_the_path() -> None:
+    request = make_request(params={"callback": print})
+    with pytest.raises(EncodeError, match=r"\$\.params\.callback"):
+        encode_request(request)
+
+
+def test_decoded_request_tensors_are_views_over_frames() -> None:
+    request = make_request()
+    frames = [bytearray(frame) for frame in encode_request(request)]
+    got = decode_request(frames)
+    pixels = got.features[0].data["pixel_values"]
+    assert pixels.data_ptr() == np.frombuffer(frames[1], dtype=np.uint8).ctypes.data
+
+
+def test_encode_request_writes_the_same_bytes_as_encoding_to_wire() -> None:
+    request = make_request()
+    direct = encode_request(request, threshold=512)
+    generic = encode(request.to_wire(), threshold=512)
+    assert direct[0] == generic[0]
+    assert [bytes(frame) for frame in direct[1:]] == [bytes(frame) for frame in generic[1:]]
+
+
+def test_from_wire_builds_from_a_generically_decoded_map() -> None:
+    request = make_request()
+    assert_same_request(EngineRequest.from_wire(decode(encode_request(request))), request)
+    with pytest.raises(DecodeError, match="must be a map"):
+        EngineRequest.from_wire([1, 2])
+
+
+def test_generic_decode_sees_the_plain_map() -> None:
+    request = make_request()
+    wire = decode(encode_request(request))
+    assert wire["schema_version"] == SCHEMA_VERSION
+    assert isinstance(wire["features"][0]["data"]["pixel_values"], torch.Tensor)
+
+
+def test_wire_public_api_is_sorted_documented_and_resolves() -> None:
+    import mmproc.wire as wire
+
+    assert wire.__all__ == sorted(wire.__all__)
+    for name in wire.__all__:
+        value = getattr(wire, name)
+        if callable(value):
+            assert (value.__doc__ or "").strip(), f"{name} has no docstring"
+    assert wire.DecodeError is DecodeError
+
+
+def test_importing_mmproc_does_not_import_the_wire_stack() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, mmproc; print(sorted({'torch', 'zmq', 'msgpack'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_norm_spec_travels_and_comes_back() -> None:
+    from mmproc.fused_norm import ChannelLayout, NormSpec
+
+    spec = NormSpec(
+        mean=(0.5, 0.4, 0.3),
+        std=(0.2, 0.25, 0.3),
+        rescale=1 / 255,
+        layout=ChannelLayout.flat_patches(14, 2),
+        pixel_keys=("pixel_values", "pixel_values_videos"),
+    )
+    request = make_request()
+    feature = request.features[0]
+    with_norm = EngineRequest(
+        request.request_id,
+        request.prompt_token_ids,
+        [
+            WireFeature(
+                feature.modality,
+                feature.item_index,
+                feature.hash,
+                feature.offset,
+                feature.length,
+                feature.is_embed,
+                feature.data,
+                spec.to_wire(),
+            )
+        ],
+        request.params,
+    )
+    decoded = decode_request(encode_request(with_norm))
+    assert NormSpec.from_wire(decoded.features[0].norm) == spec

@@ -1,0 +1,275 @@
+"""The ZMQ transport on real sockets: ipc:// in a temp dir and tcp:// on loopback."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+import zmq
+from mmproc.errors import ConfigurationError
+from mmproc.wire import (
+    DecodeLimits,
+    EngineRequest,
+    RequestReceiver,
+    RequestSender,
+    WireFeature,
+    decode,
+    encode,
+    encode_request,
+)
+
+# Generous: only reached when something is broken, never a measure of speed.
+WAIT = 10.0
+
+
+@pytest.fixture
+def ipc_address(tmp_path: Path) -> str:
+    # ipc paths are limited to ~100 bytes; pytest's tmp_path stays well under that.
+    return f"ipc://{tmp_path}/engine.sock"
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context]:
+    ctx = zmq.Context()
+    yield ctx
+    ctx.term()
+
+
+def make_request(request_id: str = "r", pixels: torch.Tensor | None = None) -> EngineRequest:
+    pixels = torch.randn(64, 1024) if pixels is None else pixels
+    feature = WireFeature(
+        modality="image",
+        item_index=0,
+        hash="abc",
+        offset=1,
+        length=2,
+        is_embed=None,
+        data={"pixel_values": pixels, "image_grid_thw": torch.tensor([1, 8, 8])},
+        norm={"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+    )
+    return EngineRequest(request_id, [1, 2, 3, 4], [feature], {"max_tokens": 8})
+
+
+def test_ipc_round_trip_with_large_tensor(ipc_address: str) -> None:
+    pixels = torch.randn(512, 1024)  # 2 MiB: well past pyzmq's copy threshold, truly zero-copy
+    with RequestReceiver(ipc_address) as receiver, RequestSender(ipc_address) as sender:
+        tracker = sender.send(make_request("one", pixels), timeout=WAIT)
+        got = receiver.recv(timeout=WAIT)
+        assert got is not None and got.request_id == "one"
+        assert torch.equal(got.features[0].data["pixel_values"], pixels)
+        assert got.features[0].norm == {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
+        tracker.wait(WAIT)
+        assert tracker.done and sender.flush(WAIT) and sender.pending == 0
+        assert receiver.received == 1 and receiver.bad_messages == 0
+
+
+def test_tcp_round_trip_on_an_ephemeral_port() -> None:
+    with RequestReceiver("tcp://127.0.0.1:*") as receiver:
+        assert receiver.address.startswith("tcp://127.0.0.1:")
+        assert not receiver.address.endswith(":*")
+        with RequestSender(receiver.address) as sender:
+            for index in range(3):
+                sender.send(make_request(f"r{index}"), timeout=WAIT)
+            ids = [receiver.recv(timeout=WAIT) for _ in range(3)]
+        assert [request.request_id for request in ids if request is not None] == ["r0", "r1", "r2"]
+
+
+def test_sender_may_bind_and_receiver_connect(ipc_address: str) -> None:
+    with RequestSender(ipc_address, bind=True) as sender:
+        with RequestReceiver(ipc_address, bind=False) as receiver:
+            sender.send(make_request("x"), timeout=WAIT)
+            got = receiver.recv(timeout=WAIT)
+            assert got is not None and got.request_id == "x"
+
+
+def test_receive_side_decodes_over_zmq_frames_without_copy(
+    ipc_address: str, context: zmq.Context
+) -> None:
+    pixels = torch.randn(256, 1024)
+    pull = context.socket(zmq.PULL)
+    pull.bind(ipc_address)
+    try:
+        with RequestSender(ipc_address, context=context) as sender:
+            sender.send(make_request("zc", pixels), timeout=WAIT)
+            assert pull.poll(int(WAIT * 1000))
+            frames = pull.recv_multipart(copy=False)
+        wire = decode(frames)
+        received = wire["features"][0]["data"]["pixel_values"]
+        assert received.data_ptr() == np.frombuffer(frames[1], dtype=np.uint8).ctypes.data
+        assert torch.equal(received, pixels)
+    finally:
+        pull.close(linger=0)
+
+
+def test_sender_keeps_tensors_alive_until_zmq_is_done(ipc_address: str) -> None:
+    expected = torch.arange(1 << 20, dtype=torch.float32)
+    with RequestSender(ipc_address) as sender:
+        # Queued before any engine exists: ZMQ holds the frames, nothing else references them.
+        with RequestReceiver(ipc_address) as receiver:
+            tracker = sender.send(make_request("alive", expected.clone()), timeout=WAIT)
+            gc.collect()
+            got = receiver.recv(timeout=WAIT)
+            assert got is not None
+            assert torch.equal(got.features[0].data["pixel_values"], expected)
+            tracker.wait(WAIT)
+
+
+def test_send_times_out_without_an_engine(ipc_address: str) -> None:
+    with RequestSender(ipc_address) as sender:
+        with pytest.raises(TimeoutError, match="no engine"):
+            sender.send(make_request(), timeout=0.05)
+
+
+def test_queues_are_bounded_by_high_water_marks(ipc_address: str) -> None:
+    big = torch.zeros(4 << 20, dtype=torch.uint8)  # 4 MiB per message
+    with RequestReceiver(ipc_address, recv_hwm=1) as receiver:
+        with RequestSender(ipc_address, send_hwm=1, linger=0) as sender:
+            sent = 0
+            with pytest.raises(TimeoutError):
+                # The engine reads nothing: the queues and the kernel's socket buffer fill up,
+                # and the sender must stop accepting long before this many messages.
+                for _ in range(200):
+                    sender.send(make_request(f"q{sent}", big), timeout=0.2)
+                    sent += 1
+            assert 1 <= sent < 200
+            # Everything accepted is delivered once the engine reads again.
+            got = [receiver.recv(timeout=WAIT) for _ in range(sent)]
+            assert all(request is not None for request in got)
+
+
+def test_malformed_messages_are_counted_logged_and_skipped(
+    ipc_address: str, context: zmq.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    limits = DecodeLimits(max_frames=4, max_total_bytes=1 << 20)
+    push = context.socket(zmq.PUSH)
+    push.connect(ipc_address)
+    try:
+        with RequestReceiver(ipc_address, limits=limits) as receiver:
+            pickle_ext = msgpack.packb(msgpack.ExtType(1, b"cos\nsystem\n"))
+            bad = [
+                [b"\xc1"],  # never-used msgpack byte
+                [pickle_ext],
+                [msgpack.packb({"schema_version": 1})],
+                [b"\x90", b"a", b"b", b"c", b"d"],  # 5 frames > max_frames
+                [b"\x90", bytes(600_000), bytes(600_000)],  # > max_total_bytes in total
+                encode({"schema_version": 99}),
+            ]
+            for message in bad:
+                push.send_multipart(message)
+            push.send_multipart(encode_request(make_request("good")))
+            with caplog.at_level(logging.WARNING, logger="mmproc.wire.transport"):
+                got = receiver.recv(timeout=WAIT)
+            assert got is not None and got.request_id == "good"
+            assert receiver.bad_messages == len(bad)
+            assert receiver.last_error is not None and "schema version 99" in str(
+                receiver.last_error
+            )
+            logged = [record.getMessage() for record in caplog.records]
+            assert len(logged) == len(bad)
+            assert any("pickle" in line for line in logged)
+            assert any("more than 4 frames" in line for line in logged)
+            assert any("larger than the limit" in line for line in logged)
+    finally:
+        push.close(linger=0)
+
+
+def test_oversized_frame_is_refused_by_zmq_and_the_receiver_keeps_serving(
+    ipc_address: str, context: zmq.Context
+) -> None:
+    limits = DecodeLimits(max_total_bytes=1 << 20)
+    with RequestReceiver(ipc_address, limits=limits) as receiver:
+        push = context.socket(zmq.PUSH)
+        push.connect(ipc_address)
+        try:
+            # MAXMSGSIZE: libzmq drops the connection instead of buffering a 2 MiB frame.
+            push.send_multipart([b"\x90", bytes(2 << 20)])
+        finally:
+            push.close(linger=1000)  # let it try to deliver: the receiver must refuse it
+        with RequestSender(ipc_address, context=context) as sender:
+            sender.send(make_request("after"), timeout=WAIT)
+            got = receiver.recv(timeout=WAIT)
+            assert got is not None and got.request_id == "after"
+            assert receiver.received == 1  # the oversized message never surfaced
+
+
+def test_iteration_yields_requests_until_stopped_from_another_thread(ipc_address: str) -> None:
+    received: list[str] = []
+    with RequestReceiver(ipc_address, poll_interval=0.01) as receiver:
+        with RequestSender(ipc_address) as sender:
+            for index in range(3):
+                sender.send(make_request(f"it{index}"), timeout=WAIT)
+
+            def stop_after_three() -> None:
+                for request in receiver:
+                    received.append(request.request_id)
+                    if len(received) == 3:
+                        break
+
+            reader = threading.Thread(target=stop_after_three)
+            reader.start()
+            reader.join(WAIT)
+            assert received == ["it0", "it1", "it2"]
+            # stop() from this thread ends an iteration that is waiting for more.
+            waiting = threading.Thread(
+                target=lambda: received.extend(request.request_id for request in receiver)
+            )
+            waiting.start()
+            receiver.stop()
+            waiting.join(WAIT)
+            assert not waiting.is_alive()
+
+
+def test_recv_returns_none_on_timeout(ipc_address: str) -> None:
+    with RequestReceiver(ipc_address) as receiver:
+        assert receiver.recv(timeout=0.01) is None
+
+
+def test_close_is_clean_and_idempotent(ipc_address: str, context: zmq.Context) -> None:
+    sender = RequestSender(ipc_address, context=context)
+    receiver = RequestReceiver(ipc_address, context=context)
+    sender.send(make_request(), timeout=WAIT)
+    assert receiver.recv(timeout=WAIT) is not None
+    sender.close()
+    sender.close()
+    receiver.close()
+    receiver.close()
+    assert sender.closed and receiver.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        sender.send(make_request())
+    with pytest.raises(RuntimeError, match="closed"):
+        receiver.recv(timeout=0)
+    assert not context.closed  # a shared context is left to its owner
+
+
+def test_owned_context_is_terminated_on_close(ipc_address: str) -> None:
+    sender = RequestSender(ipc_address)
+    sender.close()
+    assert sender._context.closed
+
+
+@pytest.mark.parametrize("address", ["inproc://x", "http://localhost", "", "127.0.0.1:5555"])
+def test_only_ipc_and_tcp_addresses(address: str) -> None:
+    with pytest.raises(ConfigurationError, match="ipc:// or tcp://"):
+        RequestSender(address)
+    with pytest.raises(ConfigurationError, match="ipc:// or tcp://"):
+        RequestReceiver(address)
+
+
+def test_bad_settings_are_configuration_errors(ipc_address: str) -> None:
+    with pytest.raises(ConfigurationError, match="send_hwm"):
+        RequestSender(ipc_address, send_hwm=0)
+    with pytest.raises(ConfigurationError, match="recv_hwm"):
+        RequestReceiver(ipc_address, recv_hwm=-1)
+    with pytest.raises(ConfigurationError, match="threshold"):
+        RequestSender(ipc_address, threshold=-5)
+    with pytest.raises(ConfigurationError, match="max_frames"):
+        DecodeLimits(max_frames=0)
+    with pytest.raises(ConfigurationError, match="cannot be allowed"):
+        DecodeLimits(allowed_dtypes={"|O"})
