@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml $(PLUGINS)
 
 demo: $(STAMP)
 	$(BIN)/mmproc plugins
+	$(BIN)/mmproc demo
 
 test: $(STAMP)
 	$(BIN)/ruff check core plugins tests benchmarks

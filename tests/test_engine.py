@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from mmproc import engine
-from mmproc.engine import DEFAULT_PIXEL_KEYS, norm_module, prepare_feature
+from mmproc.engine import DEFAULT_PIXEL_KEYS, norm_module, prepare_feature, prepare_request
 from mmproc.errors import DecodeError
 from mmproc.fused_norm import (
     ChannelLayout,
@@ -150,3 +150,27 @@ def test_public_names() -> None:
     for name in engine.__all__:
         if name != "DEFAULT_PIXEL_KEYS":
             assert getattr(engine, name).__doc__
+
+
+def test_prepare_request_normalises_every_feature_and_names_a_bad_one() -> None:
+    from types import SimpleNamespace
+
+    spec = NormSpec(
+        mean=(0.5, 0.5, 0.5),
+        std=(0.5, 0.5, 0.5),
+        rescale=1 / 255,
+        layout=ChannelLayout.channels_first(),
+    )
+    raw = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
+    good = SimpleNamespace(
+        modality="image", item_index=0, data={"pixel_values": raw}, norm=spec.to_wire()
+    )
+    request = SimpleNamespace(request_id="r1", features=[good])
+    (inputs,) = prepare_request(request, device="cpu", dtype=torch.float32)
+    expected = (raw.float() / 255 - 0.5) / 0.5
+    assert torch.allclose(inputs["pixel_values"], expected, atol=1e-6)
+    bad = SimpleNamespace(
+        modality="image", item_index=1, data={"pixel_values": raw.float()}, norm=spec.to_wire()
+    )
+    with pytest.raises(DecodeError, match=r"request 'r1', feature 1 \(image item 1\)"):
+        prepare_request(SimpleNamespace(request_id="r1", features=[good, bad]), device="cpu")

@@ -1,27 +1,61 @@
 """mmproc: the multimodal preprocessing layer of LLM serving engines.
 
 Importing mmproc is cheap: it imports neither torch nor transformers nor any plugin. Plugins are
-discovered on the first lookup, and the heavy parts load on first use.
+discovered on the first lookup, and the heavy parts load on first use (PEP 562 lazy attributes).
+
+Typical use::
+
+    import mmproc
+
+    processor = mmproc.get_processor("/models/Qwen2-VL-2B-Instruct")
+    inputs = processor.process(prompt, {"image": [image]})
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Public names that pull in heavy modules are resolved on first attribute access (PEP 562).
+# Public name -> module defining it; resolved on first attribute access.
 _LAZY: dict[str, str] = {
+    "DecodeError": "mmproc.errors",
+    "FusedInputNorm": "mmproc.fused_norm",
+    "MediaItemError": "mmproc.errors",
+    "MmprocError": "mmproc.errors",
+    "ModelContext": "mmproc.context",
+    "MultiModalFeature": "mmproc.processor",
+    "NormSpec": "mmproc.fused_norm",
+    "PlaceholderRange": "mmproc.prompt_update",
+    "PluginConflictError": "mmproc.errors",
+    "ProcessedInputs": "mmproc.processor",
+    "Processor": "mmproc.processor",
+    "PromptUpdateError": "mmproc.errors",
     "Registry": "mmproc.registry",
+    "UnknownArchitectureError": "mmproc.errors",
+    "get_processor": "mmproc.processor",
     "get_registry": "mmproc.registry",
     "hookimpl": "mmproc.hookspecs",
-    "ModelContext": "mmproc.context",
 }
 
 __all__ = [
+    "DecodeError",
+    "FusedInputNorm",
+    "MediaItemError",
+    "MmprocError",
     "ModelContext",
+    "MultiModalFeature",
+    "NormSpec",
+    "PlaceholderRange",
+    "PluginConflictError",
+    "ProcessedInputs",
+    "Processor",
+    "PromptUpdateError",
     "Registry",
+    "UnknownArchitectureError",
     "__version__",
+    "get_processor",
     "get_registry",
     "hookimpl",
 ]
@@ -31,8 +65,6 @@ def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'mmproc' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module_name), name)
     globals()[name] = value
     return value
@@ -44,5 +76,16 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from mmproc.context import ModelContext
+    from mmproc.errors import (
+        DecodeError,
+        MediaItemError,
+        MmprocError,
+        PluginConflictError,
+        PromptUpdateError,
+        UnknownArchitectureError,
+    )
+    from mmproc.fused_norm import FusedInputNorm, NormSpec
     from mmproc.hookspecs import hookimpl
+    from mmproc.processor import MultiModalFeature, ProcessedInputs, Processor, get_processor
+    from mmproc.prompt_update import PlaceholderRange
     from mmproc.registry import Registry, get_registry

@@ -1,7 +1,8 @@
 """The ``mmproc`` command line.
 
 ``mmproc plugins [--json]`` lists plugins; ``mmproc which ARCH_OR_FOLDER [--check]`` says which
-plugin and class serve an architecture. Listing plugins imports no model class and no
+plugin and class serve an architecture; ``mmproc demo`` runs the main job end to end on the
+built-in demo model. Listing plugins imports no model class and no
 transformers: it only reads entry points and runs the plugins' light registration modules.
 """
 
@@ -73,6 +74,12 @@ def _cmd_which(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from mmproc.demo import run_demo
+
+    return run_demo(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``mmproc`` command."""
     parser = argparse.ArgumentParser(
@@ -89,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--check", action="store_true", help="import the class and check its hooks")
     which.add_argument("--json", action="store_true", help="print a JSON object")
     which.set_defaults(run=_cmd_which)
+
+    from mmproc.demo import add_arguments
+
+    demo = sub.add_parser("demo", help="preprocess, ship and normalise requests on a demo model")
+    add_arguments(demo)
+    demo.set_defaults(run=_cmd_demo)
     return parser
 
 

@@ -18,7 +18,7 @@ import torch
 from mmproc.errors import ConfigurationError, DecodeError
 from mmproc.fused_norm import FusedInputNorm, NormSpec
 
-__all__ = ["DEFAULT_PIXEL_KEYS", "norm_module", "prepare_feature"]
+__all__ = ["DEFAULT_PIXEL_KEYS", "norm_module", "prepare_feature", "prepare_request"]
 
 #: Outputs treated as pixels when a feature carries no norm spec (they are cast to the model dtype).
 DEFAULT_PIXEL_KEYS: tuple[str, ...] = ("pixel_values", "pixel_values_videos")
@@ -112,3 +112,26 @@ def prepare_feature(
         else:
             out[key] = _move(value, device)
     return out
+
+
+def prepare_request(
+    request: Any,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+) -> list[dict[str, Any]]:
+    """Model inputs of every feature of a received :class:`mmproc.wire.EngineRequest`, in order.
+
+    Each entry is :func:`prepare_feature` of that feature: tensors on ``device``, pixels
+    normalised (uint8 ones by their norm spec) and cast to ``dtype``. Errors name the feature.
+    """
+    prepared = []
+    for position, feature in enumerate(request.features):
+        try:
+            prepared.append(prepare_feature(feature.data, feature.norm, device=device, dtype=dtype))
+        except DecodeError as exc:
+            raise DecodeError(
+                f"request {request.request_id!r}, feature {position} "
+                f"({feature.modality} item {feature.item_index}): {exc}"
+            ) from None
+    return prepared

@@ -74,7 +74,10 @@ class ModelHooks:
         except (PluginSpecError, ProcessingError):
             raise
         except Exception as exc:
-            counts = ", ".join(f"{len(v)} {k}" for k, v in mm_items.items()) or "no media"
+            counts = (
+                ", ".join(f"{len(v)} {k}{'' if len(v) == 1 else 's'}" for k, v in mm_items.items())
+                or "no media"
+            )
             raise ProcessingError(
                 f"{ctx.architecture} ({self._describe()}): the processor failed on a request "
                 f"with {counts}: {type(exc).__name__}: {exc}"

@@ -1,0 +1,481 @@
+"""mmproc's PaddleOCR-VL output equals calling the transformers processor directly.
+
+The folders are written by ``mmproc.testing`` with the model's real special tokens and hub
+preprocessor settings (patch 14, merge 2, temporal patch 1, min_pixels 147384, max_pixels 2822400,
+mean / std 0.5, bicubic). The reference is transformers' ``AutoProcessor`` on the same folder with
+the chosen ``backend``, built without the plugin, called with ``text=[prompt], images=...,
+return_tensors="pt"``. What must match: prompt ids, per-item patches (concatenated in item
+order), grids, and placeholder ranges (the runs of ``<|IMAGE_PLACEHOLDER|>`` in transformers'
+ids). With device normalisation on (the default) mmproc's pixels are uint8 and ``FusedInputNorm``
+of them must come within 1e-6 of transformers' float pixels; with it off they must be equal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import mmproc
+import numpy as np
+import pytest
+import torch
+from mmproc.errors import ConfigurationError, MmprocError
+from mmproc.executor import PreprocessingPath, preprocessing_path, resolve_worker_count
+from mmproc.fused_norm import FusedInputNorm
+from mmproc.testing import write_paddleocr_vl_folder
+from PIL import Image
+from transformers import AutoProcessor, AutoTokenizer
+from transformers.models.paddleocr_vl.image_processing_paddleocr_vl import (
+    PaddleOCRVLImageProcessor,
+)
+from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (
+    PaddleOCRVLImageProcessorPil,
+)
+
+IMAGE = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+PAD = "<|IMAGE_PLACEHOLDER|>"
+BACKENDS = ("pil", "torchvision")
+IMAGE_PROCESSOR_CLASSES = {
+    "pil": PaddleOCRVLImageProcessorPil,
+    "torchvision": PaddleOCRVLImageProcessor,
+}
+# (backend, device_normalize): every test that takes `combo` runs on all four processors.
+COMBOS = [(backend, norm) for backend in BACKENDS for norm in (True, False)]
+COMBO_IDS = [f"{backend}-{'device_norm' if norm else 'cpu_norm'}" for backend, norm in COMBOS]
+TEXT_KEYS = {"input_ids", "attention_mask", "mm_token_type_ids"}
+
+# The real PaddleOCR-VL hub settings the folders carry; the processors must load exactly these.
+SETTINGS = {
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 1,
+    "min_pixels": 147384,
+    "max_pixels": 2822400,
+    "image_mean": (0.5, 0.5, 0.5),
+    "image_std": (0.5, 0.5, 0.5),
+    "resample": int(Image.Resampling.BICUBIC),
+}
+
+# (width, height): tiny, thin, extreme (200:1 both ways, the largest ratio accepted), odd,
+# and sizes on either side of min_pixels / between the bounds.
+SIZES = [
+    (1, 1),
+    (10, 1000),
+    (1000, 10),
+    (200, 1),
+    (1, 200),
+    (400, 2),
+    (4000, 20),
+    (28, 28),
+    (57, 113),
+    (384, 384),
+    (613, 411),
+]
+MODES = ["RGB", "L", "LA", "RGBA", "P", "P+transparency", "1", "CMYK"]
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def noise(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
+    """Random pixels in ``mode`` (every resampling weight shows in the output)."""
+    rng = np.random.default_rng(seed)
+    rgba = Image.fromarray(rng.integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA")
+    if mode == "P+transparency":  # a palette image whose index 3 is transparent, as GIFs have
+        image = rgba.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+        image.info["transparency"] = 3
+        return image
+    return rgba if mode == "RGBA" else rgba.convert(mode)
+
+
+def build_reference(folder: Path, backend: str) -> Any:
+    """transformers' processor for ``folder`` and ``backend``, built without the plugin."""
+    reference = AutoProcessor.from_pretrained(folder, local_files_only=True, backend=backend)
+    assert isinstance(reference.image_processor, IMAGE_PROCESSOR_CLASSES[backend])
+    return reference
+
+
+def call_hf(reference: Any, prompt: str, images: Sequence[Any] = (), **kwargs: Any) -> Any:
+    """Call the transformers processor directly: it expands the placeholders itself."""
+    if images:
+        kwargs["images"] = list(images)
+    return reference(text=[prompt], return_tensors="pt", **kwargs)
+
+
+def pad_runs(ids: Sequence[int], pad: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each maximal run of ``pad`` in ``ids``."""
+    runs, i = [], 0
+    while i < len(ids):
+        if ids[i] != pad:
+            i += 1
+            continue
+        j = i
+        while j < len(ids) and ids[j] == pad:
+            j += 1
+        runs.append((i, j - i))
+        i = j
+    return runs
+
+
+def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Every bf16 value equal to the reference cast to bf16, or one bf16 step from it."""
+    assert got.dtype == torch.bfloat16
+    want = want.to(torch.bfloat16)
+    up = torch.nextafter(want, torch.full_like(want, float("inf")))
+    down = torch.nextafter(want, torch.full_like(want, float("-inf")))
+    assert bool(((got == want) | (got == up) | (got == down)).all())
+
+
+def assert_identical(
+    out: mmproc.ProcessedInputs,
+    hf: Mapping[str, Any],
+    tokenizer: Any,
+    *,
+    normalised: bool,
+    bf16: bool = True,
+    context: str = "",
+) -> None:
+    """``out`` equals transformers' output ``hf`` for the same request."""
+    ids = hf["input_ids"][0].tolist()
+    assert out.prompt_token_ids == ids, context
+    assert {f.modality for f in out.features} <= {"image"}, context
+    features = out.features
+    assert [f.item_index for f in features] == list(range(len(features))), context
+    ranges = [(f.placeholder.offset, f.placeholder.length) for f in features]
+    assert ranges == pad_runs(ids, tokenizer.convert_tokens_to_ids(PAD)), context
+    media_keys = set(hf) - TEXT_KEYS
+    assert media_keys <= {"pixel_values", "image_grid_thw"}, context
+    if not features:
+        assert not media_keys, context
+        return
+    for feature in features:
+        assert set(feature.data) == {"pixel_values", "image_grid_thw"}, context
+    grids = torch.stack([torch.as_tensor(f.data["image_grid_thw"]) for f in features])
+    assert grids.dtype == hf["image_grid_thw"].dtype, context
+    assert torch.equal(grids, hf["image_grid_thw"]), context
+    want = hf["pixel_values"]
+    values = [f.data["pixel_values"] for f in features]
+    if not normalised:
+        assert all(f.norm is None for f in features), context
+        got = torch.cat(values)
+        assert got.dtype == want.dtype, context
+        assert torch.equal(got, want), context
+        return
+    assert all(v.dtype == torch.uint8 for v in values), context
+    assert all(f.norm is not None and "pixel_values" in f.norm.pixel_keys for f in features)
+    got = torch.cat(
+        [FusedInputNorm(f.norm, dtype=torch.float32)(v) for f, v in zip(features, values)]
+    )
+    assert got.shape == want.shape, context
+    assert float((got - want).abs().max()) <= 1e-6, context
+    if bf16:
+        assert_bf16_close(
+            torch.cat([FusedInputNorm(f.norm)(v) for f, v in zip(features, values)]), want
+        )
+
+
+def image_backend(processor: mmproc.Processor) -> str:
+    """The image backend of an mmproc processor."""
+    image_processor = processor.hf_processor.image_processor
+    return "pil" if isinstance(image_processor, PaddleOCRVLImageProcessorPil) else "torchvision"
+
+
+def assert_real_settings(processor: Any) -> None:
+    """The image processor holds the PaddleOCR-VL hub settings."""
+    component = processor.image_processor
+    size = component.size
+    loaded = {
+        "patch_size": component.patch_size,
+        "merge_size": component.merge_size,
+        "temporal_patch_size": component.temporal_patch_size,
+        "min_pixels": size["shortest_edge"],
+        "max_pixels": size["longest_edge"],
+        "image_mean": tuple(component.image_mean),
+        "image_std": tuple(component.image_std),
+        "resample": int(component.resample),
+    }
+    assert loaded == SETTINGS, type(component).__name__
+    assert component.do_rescale and component.do_normalize and component.do_convert_rgb
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_paddleocr_vl_folder(tmp_path_factory.mktemp("paddleocr_vl") / "hub")
+
+
+@pytest.fixture(scope="module")
+def references(folder: Path) -> dict[str, Any]:
+    return {backend: build_reference(folder, backend) for backend in BACKENDS}
+
+
+@pytest.fixture(scope="module")
+def processors(folder: Path) -> Iterator[dict[tuple[str, bool], mmproc.Processor]]:
+    """The four (backend, device_normalize) processors, on the defaults for the rest."""
+    with ExitStack() as stack:
+        environment = stack.enter_context(pytest.MonkeyPatch.context())
+        for name in ("MMPROC_WORKERS", "MMPROC_CACHE_BYTES"):  # the defaults are under test
+            environment.delenv(name, raising=False)
+        yield {
+            (backend, norm): stack.enter_context(
+                mmproc.get_processor(folder, backend=backend, device_normalize=norm)
+            )
+            for backend, norm in COMBOS
+        }
+
+
+@pytest.fixture(params=COMBOS, ids=COMBO_IDS)
+def combo(request: pytest.FixtureRequest, processors, references) -> tuple[Any, Any, bool]:
+    """(mmproc processor, transformers reference, device_normalize) for one combination."""
+    backend, norm = request.param
+    return processors[request.param], references[backend], norm
+
+
+# --- images -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_size_and_mode_matches_hf(combo, mode: str) -> None:
+    processor, reference, norm = combo
+    assert (processor.norm_spec is not None) is norm
+    for seed, (width, height) in enumerate(SIZES):
+        image = noise(width, height, mode, seed=1000 + seed)
+        prompt = f"OCR: {IMAGE}"
+        out = processor.process(prompt, {"image": [image]})
+        hf = call_hf(reference, prompt, [image])
+        context = f"{width}x{height} {mode}"
+        assert_identical(out, hf, reference.tokenizer, normalised=norm, context=context)
+
+
+def test_several_images_text_and_token_prompts_cache_hits_and_misses(combo) -> None:
+    processor, reference, norm = combo
+    a, b, c = noise(45, 80, seed=2000), noise(120, 30, "P", seed=2001), noise(20, 20, "RGBA", 2002)
+    d = noise(77, 33, "L", seed=2003)
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "OCR:"}],
+        }
+    ]
+    chat = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ours = processor.hf_processor.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    assert ours == chat
+    # (prompt, images, as token ids?, async?, expected cache hits, expected misses)
+    requests: list[tuple[str, list[Image.Image], bool, bool, int, int]] = [
+        (chat, [a, b], False, False, 0, 2),
+        (f"one {IMAGE} two {IMAGE} three {IMAGE} end", [b, c, b], True, False, 2, 1),
+        (f"{IMAGE}{IMAGE}", [c, a], False, True, 2, 0),
+        (f"bare {PAD} and {PAD}, {IMAGE}", [a, a, c], True, True, 3, 0),
+        ("no images at all, just text", [], False, False, 0, 0),
+        (f"the same new image twice: {IMAGE}{IMAGE}", [d, d], False, False, 0, 2),
+        (f"{IMAGE} and {IMAGE}", [d, a], True, False, 2, 0),
+    ]
+    tokenizer = reference.tokenizer
+    for index, (prompt, images, as_ids, use_async, hits, misses) in enumerate(requests):
+        given: Any = tokenizer(prompt)["input_ids"] if as_ids else prompt
+        mm_data = {"image": images} if images else None
+        before = processor.cache.stats()
+        if use_async:
+            out = asyncio.run(processor.process_async(given, mm_data))
+        else:
+            out = processor.process(given, mm_data)
+        after = processor.cache.stats()
+        context = f"request {index}"
+        assert (after.hits - before.hits, after.misses - before.misses) == (hits, misses), context
+        hf = call_hf(reference, prompt, images)
+        assert_identical(out, hf, tokenizer, normalised=norm, context=context)
+
+
+def test_concurrent_requests_match_hf(combo) -> None:
+    """Requests in flight together, on both workers' processor clones, each match HF."""
+    processor, reference, norm = combo
+    assert processor.workers == 2
+    pool = [noise(20 + 9 * i, 90 - 7 * i, "RGB" if i % 2 else "P", seed=2100 + i) for i in range(5)]
+    requests = [
+        (f"request {i}: " + IMAGE * (1 + i % 3), [pool[(i + k) % 5] for k in range(1 + i % 3)])
+        for i in range(6)
+    ]
+
+    async def run_all() -> list[mmproc.ProcessedInputs]:
+        return await asyncio.gather(
+            *(processor.process_async(prompt, {"image": images}) for prompt, images in requests)
+        )
+
+    for index, ((prompt, images), out) in enumerate(zip(requests, asyncio.run(run_all()))):
+        hf = call_hf(reference, prompt, images)
+        assert_identical(out, hf, reference.tokenizer, normalised=norm, context=f"request {index}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_request_hf_kwargs_match_hf_and_are_part_of_the_cache_key(
+    processors, references, backend: str
+) -> None:
+    processor, reference = processors[(backend, True)], references[backend]
+    image = noise(1500, 1200, seed=2200)
+    prompt = f"{IMAGE} small"
+    sizes = []
+    smaller, smallest = (
+        {"size": {"shortest_edge": SETTINGS["min_pixels"], "longest_edge": n * 28 * 28}}
+        for n in (1000, 500)
+    )
+    for hf_kwargs in ({}, smaller, smallest, {}):
+        before = processor.cache.stats()
+        out = processor.process(prompt, {"image": [image]}, hf_kwargs=hf_kwargs)
+        hf = call_hf(reference, prompt, [image], **hf_kwargs)
+        assert_identical(out, hf, reference.tokenizer, normalised=True, context=str(hf_kwargs))
+        sizes.append(out.features[0].placeholder.length)
+        hit = processor.cache.stats().hits - before.hits
+        assert hit == (1 if len(sizes) == 4 else 0), hf_kwargs  # only the repeat is a hit
+    assert sizes[0] == sizes[3] and len(set(sizes[:3])) == 3
+
+
+def test_a_bad_item_in_a_multi_image_request_fails_it_and_the_next_is_served(combo) -> None:
+    processor, reference, norm = combo
+    good, wide = noise(40, 50, seed=3000), noise(2010, 10, seed=3001)  # 201:1
+    with pytest.raises(MmprocError, match="aspect ratio"):
+        processor.process(f"{IMAGE}{IMAGE}", {"image": [good, wide]})
+    prompt = f"{IMAGE} again"
+    out = processor.process(prompt, {"image": [good]})
+    assert_identical(out, call_hf(reference, prompt, [good]), reference.tokenizer, normalised=norm)
+
+
+@pytest.mark.parametrize("size", [(201, 1), (1, 201), (1000, 4), (3, 1000)])
+def test_beyond_200_to_1_is_a_clear_error_and_the_processor_keeps_serving(combo, size) -> None:
+    processor, reference, norm = combo
+    width, height = size
+    with pytest.raises(MmprocError, match="aspect ratio") as caught:
+        processor.process(IMAGE, {"image": [noise(width, height, seed=4000)]})
+    assert "200" in str(caught.value)
+    # transformers refuses the same image
+    with pytest.raises(ValueError, match="aspect ratio"):
+        call_hf(reference, IMAGE, [noise(width, height, seed=4000)])
+    # 200:1 exactly still works, and matches
+    ok = noise(*((200, 1) if width > height else (1, 200)), seed=4001)
+    out = processor.process(IMAGE, {"image": [ok]})
+    assert_identical(out, call_hf(reference, IMAGE, [ok]), reference.tokenizer, normalised=norm)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_large_4000x3000_image_matches_hf(processors, references, backend: str) -> None:
+    processor, reference = processors[(backend, True)], references[backend]  # the defaults
+    image = noise(4000, 3000, seed=5000).convert("RGB")
+    out = processor.process(f"OCR: {IMAGE}", {"image": [image]})
+    hf = call_hf(reference, f"OCR: {IMAGE}", [image])
+    assert_identical(out, hf, reference.tokenizer, normalised=True, bf16=False)
+    # Brought down to max_pixels: the grid's area is at most 2822400 pixels.
+    _, grid_h, grid_w = hf["image_grid_thw"][0].tolist()
+    assert grid_h * grid_w * 14 * 14 <= SETTINGS["max_pixels"]
+    assert out.features[0].placeholder.length == grid_h * grid_w // 4
+
+
+def test_pixels_are_raw_uint8_with_device_normalisation(processors, references) -> None:
+    """The uint8 patches are transformers' pixels with rescale and normalise off, exactly."""
+    images = [noise(90, 60, "RGBA", seed=6000), noise(17, 333, "L", seed=6001)]
+    prompt = f"{IMAGE}{IMAGE}"
+    for backend in BACKENDS:
+        out = processors[(backend, True)].process(prompt, {"image": images})
+        raw = call_hf(references[backend], prompt, images, do_rescale=False, do_normalize=False)
+        raw_pixels = raw["pixel_values"]
+        assert torch.equal(raw_pixels.round(), raw_pixels)  # whole numbers
+        pixels = torch.cat([f.data["pixel_values"] for f in out.features])
+        assert pixels.dtype == torch.uint8
+        assert torch.equal(pixels, raw_pixels.to(torch.uint8)), backend
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["hub", "save_pretrained"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_folder_layouts_load_the_real_settings_and_match_hf(
+    tmp_path_factory: pytest.TempPathFactory, folder: Path, layout: str, backend: str
+) -> None:
+    if layout == "hub":
+        path = folder
+    else:
+        path = write_paddleocr_vl_folder(tmp_path_factory.mktemp("saved") / "paddle", layout=layout)
+        assert (path / "processor_config.json").is_file()
+        assert not (path / "preprocessor_config.json").exists()
+    reference = build_reference(path, backend)
+    images = [noise(70, 35, "LA", seed=9000), noise(500, 700, seed=9001)]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "OCR:"}],
+        }
+    ]
+    prompt = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    with mmproc.get_processor(path, backend=backend) as processor:
+        hf_processor = processor.hf_processor
+        assert type(hf_processor).__name__ == "PaddleOCRVLProcessor"
+        assert isinstance(hf_processor.image_processor, IMAGE_PROCESSOR_CLASSES[backend])
+        assert_real_settings(hf_processor)
+        ours = hf_processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        assert ours == prompt
+        out = processor.process(prompt, {"image": images})
+    hf = call_hf(reference, prompt, images)
+    assert_identical(out, hf, reference.tokenizer, normalised=True)
+
+
+def test_hub_folder_loads_the_same_tokenizer_transformers_does(folder: Path) -> None:
+    with mmproc.get_processor(folder) as processor:
+        ours = processor.hf_processor.tokenizer
+    theirs = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    text = f"<|begin_of_sentence|>User: {IMAGE}read the text, please\nAssistant:\n"
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    for token in ("<|IMAGE_START|>", PAD, "<|IMAGE_END|>"):
+        assert len(ours.encode(token, add_special_tokens=False)) == 1
+
+
+def test_an_unknown_backend_is_a_configuration_error(folder: Path) -> None:
+    with pytest.raises(ConfigurationError, match="backend"):
+        mmproc.get_processor(folder, backend="opencv")
+
+
+# --- the worker pool ----------------------------------------------------------------------------
+
+
+def test_worker_pool_rules(
+    folder: Path, processors, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("MMPROC_WORKERS", raising=False)
+    with mmproc.get_processor(folder) as default:
+        assert (default.path, default.workers) == ("cpu", 2)
+        assert default.path is PreprocessingPath.CPU
+        assert image_backend(default) == "torchvision"  # transformers' default backend
+    for backend in BACKENDS:
+        processor = processors[(backend, True)]
+        assert (processor.path, processor.workers) == (PreprocessingPath.CPU, 2)
+        # Where the same processor would preprocess with device="cuda", and what that path gets.
+        path = preprocessing_path(processor.hf_processor, device="cuda")
+        expected = PreprocessingPath.DEVICE if backend == "torchvision" else PreprocessingPath.CPU
+        assert path is expected
+        count = resolve_worker_count(
+            requested=None,
+            hint=processor.model.worker_count_hint(processor.ctx, path),
+            supports_concurrency=processor.model.supports_concurrency(processor.ctx),
+            path=path,
+        )
+        assert count == (1 if path is PreprocessingPath.DEVICE else 2)
+    # Building (not running) a processor for the GPU needs no GPU.
+    with mmproc.get_processor(folder, backend="torchvision", device="cuda") as on_gpu:
+        assert (on_gpu.path, on_gpu.workers) == (PreprocessingPath.DEVICE, 1)
+    with mmproc.get_processor(folder, backend="pil", device="cuda") as pil_gpu:
+        assert (pil_gpu.path, pil_gpu.workers) == (PreprocessingPath.CPU, 2)
+    # An explicit count wins on either path (with a warning on the device path).
+    with mmproc.get_processor(folder, workers=3) as three:
+        assert (three.path, three.workers) == (PreprocessingPath.CPU, 3)
+    with caplog.at_level(logging.WARNING, logger="mmproc.executor"):
+        with mmproc.get_processor(folder, device="cuda", workers=3) as three_gpu:
+            assert (three_gpu.path, three_gpu.workers) == (PreprocessingPath.DEVICE, 3)
+    assert any("3 preprocessing workers" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,615 @@
+"""mmproc's Qwen2-VL / Qwen2.5-VL output equals calling the transformers processor directly.
+
+The folders are written by ``mmproc.testing`` with the models' real special tokens and hub
+preprocessor settings (patch 14, merge 2, temporal patch 2, min_pixels 3136, max_pixels 12845056,
+CLIP mean / std, bicubic). The reference is a transformers processor built independently of the
+plugin: ``AutoProcessor`` on the same folder with the chosen backend's image processor class,
+called with ``text=[prompt], images=..., videos=..., return_tensors="pt"``. What must match:
+prompt ids, per-item tensors (concatenated in item order), grids, and placeholder ranges (the runs
+of pad tokens in transformers' ids). With device normalisation on (the default) mmproc's pixels
+are uint8 and ``FusedInputNorm`` of them must come within 1e-6 of transformers' float pixels;
+with it off they must be equal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import mmproc
+import numpy as np
+import pytest
+import torch
+from mmproc.errors import ConfigurationError, MmprocError
+from mmproc.executor import PreprocessingPath, preprocessing_path, resolve_worker_count
+from mmproc.fused_norm import FusedInputNorm
+from mmproc.testing import write_qwen2_vl_folder
+from mmproc_qwen_vl import model as qwen_model
+from mmproc_qwen_vl.image_fast_path import ImageSizeError
+from mmproc_qwen_vl.model import num_image_tokens
+from PIL import Image
+from transformers import AutoProcessor, AutoTokenizer
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+BACKENDS = ("pil", "torchvision")
+IMAGE_PROCESSOR_CLASSES = {"pil": Qwen2VLImageProcessorPil, "torchvision": Qwen2VLImageProcessor}
+# (backend, device_normalize): every test that takes `combo` runs on all four processors.
+COMBOS = [(backend, norm) for backend in BACKENDS for norm in (True, False)]
+COMBO_IDS = [f"{backend}-{'device_norm' if norm else 'cpu_norm'}" for backend, norm in COMBOS]
+
+# Output key -> (modality, how it splits per item): "flat" rows concatenate, "batched" stack.
+FIELDS: dict[str, tuple[str, str]] = {
+    "pixel_values": ("image", "flat"),
+    "image_grid_thw": ("image", "batched"),
+    "pixel_values_videos": ("video", "flat"),
+    "video_grid_thw": ("video", "batched"),
+    "second_per_grid_ts": ("video", "batched"),  # Qwen2.5-VL
+}
+PAD_TOKENS = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
+TEXT_KEYS = {"input_ids", "attention_mask", "mm_token_type_ids"}
+
+# The real Qwen2-VL hub settings the folders carry; the processors must load exactly these.
+SETTINGS = {
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "image_mean": (0.48145466, 0.4578275, 0.40821073),
+    "image_std": (0.26862954, 0.26130258, 0.27577711),
+    "resample": int(Image.Resampling.BICUBIC),
+}
+
+# (width, height): tiny, thin, extreme (200:1 both ways, the largest ratio accepted), odd.
+SIZES = [
+    (1, 1),
+    (10, 1000),
+    (1000, 10),
+    (200, 1),
+    (1, 200),
+    (400, 2),
+    (4000, 20),
+    (3, 600),
+    (28, 28),
+    (57, 113),
+    (333, 77),
+]
+MODES = ["RGB", "L", "LA", "RGBA", "P", "P+transparency", "1", "CMYK"]
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def noise(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
+    """Random pixels in ``mode`` (every resampling weight shows in the output)."""
+    rng = np.random.default_rng(seed)
+    rgba = Image.fromarray(rng.integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA")
+    if mode == "P+transparency":  # a palette image whose index 3 is transparent, as GIFs have
+        image = rgba.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+        image.info["transparency"] = 3
+        return image
+    return rgba if mode == "RGBA" else rgba.convert(mode)
+
+
+def noise_video(frames: int, width: int, height: int, seed: int) -> np.ndarray:
+    """A ``(T, H, W, 3)`` uint8 video of random frames."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
+
+
+def build_reference(folder: Path, backend: str) -> Any:
+    """transformers' processor for ``folder``, built without the plugin."""
+    image_processor = IMAGE_PROCESSOR_CLASSES[backend].from_pretrained(
+        folder, local_files_only=True
+    )
+    return AutoProcessor.from_pretrained(
+        folder, local_files_only=True, image_processor=image_processor
+    )
+
+
+def call_hf(
+    reference: Any,
+    prompt: str,
+    images: Sequence[Any] = (),
+    videos: Sequence[Any] = (),
+    **kwargs: Any,
+) -> Any:
+    """Call the transformers processor directly: it expands the placeholders itself."""
+    if images:
+        kwargs["images"] = list(images)
+    if videos:
+        kwargs["videos"] = list(videos)
+    return reference(text=[prompt], return_tensors="pt", **kwargs)
+
+
+def pad_runs(ids: Sequence[int], pad: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each maximal run of ``pad`` in ``ids``."""
+    runs, i = [], 0
+    while i < len(ids):
+        if ids[i] != pad:
+            i += 1
+            continue
+        j = i
+        while j < len(ids) and ids[j] == pad:
+            j += 1
+        runs.append((i, j - i))
+        i = j
+    return runs
+
+
+def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Every bf16 value equal to the reference cast to bf16, or one bf16 step from it."""
+    assert got.dtype == torch.bfloat16
+    want = want.to(torch.bfloat16)
+    up = torch.nextafter(want, torch.full_like(want, float("inf")))
+    down = torch.nextafter(want, torch.full_like(want, float("-inf")))
+    assert bool(((got == want) | (got == up) | (got == down)).all())
+
+
+def assert_identical(
+    out: mmproc.ProcessedInputs,
+    hf: Mapping[str, Any],
+    tokenizer: Any,
+    *,
+    normalised: bool,
+    bf16: bool = True,
+    context: str = "",
+) -> None:
+    """``out`` equals transformers' output ``hf`` for the same request."""
+    ids = hf["input_ids"][0].tolist()
+    assert out.prompt_token_ids == ids, context
+    offsets = [f.placeholder.offset for f in out.features]
+    assert offsets == sorted(offsets), context
+    modalities = {modality for modality, _ in FIELDS.values()}
+    for modality in modalities:
+        features = [f for f in out.features if f.modality == modality]
+        assert [f.item_index for f in features] == list(range(len(features))), context
+        pad = tokenizer.convert_tokens_to_ids(PAD_TOKENS[modality])
+        ranges = [(f.placeholder.offset, f.placeholder.length) for f in features]
+        assert ranges == pad_runs(ids, pad), context
+        expected_keys = {k for k, (m, _) in FIELDS.items() if m == modality and k in hf}
+        for feature in features:
+            assert set(feature.data) == expected_keys, context
+    for key, want in hf.items():
+        if key in TEXT_KEYS:
+            continue
+        assert key in FIELDS, f"{context}: unexpected output {key!r}"
+        modality, kind = FIELDS[key]
+        features = [f for f in out.features if f.modality == modality]
+        values = [torch.as_tensor(f.data[key]) for f in features]
+        if kind == "batched":
+            got = torch.stack(values)
+            assert got.dtype == want.dtype, f"{context}: {key}"
+            assert torch.equal(got, want), f"{context}: {key}"
+            continue
+        if not normalised:
+            assert all(f.norm is None for f in features), context
+            got = torch.cat(values)
+            assert got.dtype == want.dtype, f"{context}: {key}"
+            assert torch.equal(got, want), f"{context}: {key}"
+            continue
+        assert all(v.dtype == torch.uint8 for v in values), f"{context}: {key}"
+        assert all(f.norm is not None and key in f.norm.pixel_keys for f in features), context
+        got = torch.cat(
+            [FusedInputNorm(f.norm, dtype=torch.float32)(v) for f, v in zip(features, values)]
+        )
+        assert got.shape == want.shape, f"{context}: {key}"
+        assert float((got - want).abs().max()) <= 1e-6, f"{context}: {key}"
+        if bf16:
+            got16 = torch.cat([FusedInputNorm(f.norm)(v) for f, v in zip(features, values)])
+            assert_bf16_close(got16, want)
+
+
+def write_reference_copy(folder: Path, destination: Path) -> Path:
+    """A copy of a Qwen2.5-VL hub folder whose image processor class transformers knows."""
+    shutil.copytree(folder, destination)
+    path = destination / "preprocessor_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["image_processor_type"] = "Qwen2VLImageProcessor"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return destination
+
+
+def image_backend(processor: mmproc.Processor) -> str:
+    """The image backend of an mmproc processor."""
+    image_processor = processor.hf_processor.image_processor
+    return "pil" if isinstance(image_processor, Qwen2VLImageProcessorPil) else "torchvision"
+
+
+def assert_real_settings(processor: Any) -> None:
+    """The image and video processors hold the Qwen2-VL hub settings."""
+    for component in (processor.image_processor, processor.video_processor):
+        size = component.size
+        loaded = {
+            "patch_size": component.patch_size,
+            "merge_size": component.merge_size,
+            "temporal_patch_size": component.temporal_patch_size,
+            "min_pixels": size["shortest_edge"],
+            "max_pixels": size["longest_edge"],
+            "image_mean": tuple(component.image_mean),
+            "image_std": tuple(component.image_std),
+            "resample": int(component.resample),
+        }
+        assert loaded == SETTINGS, type(component).__name__
+        assert component.do_rescale and component.do_normalize and component.do_convert_rgb
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_qwen2_vl_folder(tmp_path_factory.mktemp("qwen2_vl") / "hub")
+
+
+@pytest.fixture(scope="module")
+def references(folder: Path) -> dict[str, Any]:
+    return {backend: build_reference(folder, backend) for backend in BACKENDS}
+
+
+@pytest.fixture(scope="module")
+def processors(folder: Path) -> Iterator[dict[tuple[str, bool], mmproc.Processor]]:
+    """The four (backend, device_normalize) processors, on the defaults for the rest."""
+    with ExitStack() as stack:
+        environment = stack.enter_context(pytest.MonkeyPatch.context())
+        for name in ("MMPROC_WORKERS", "MMPROC_CACHE_BYTES"):  # the defaults are under test
+            environment.delenv(name, raising=False)
+        yield {
+            (backend, norm): stack.enter_context(
+                mmproc.get_processor(folder, backend=backend, device_normalize=norm)
+            )
+            for backend, norm in COMBOS
+        }
+
+
+@pytest.fixture(params=COMBOS, ids=COMBO_IDS)
+def combo(request: pytest.FixtureRequest, processors, references) -> tuple[Any, Any, bool]:
+    """(mmproc processor, transformers reference, device_normalize) for one combination."""
+    backend, norm = request.param
+    return processors[request.param], references[backend], norm
+
+
+# --- images -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_size_and_mode_matches_hf(combo, mode: str) -> None:
+    processor, reference, norm = combo
+    assert (processor.norm_spec is not None) is norm
+    for seed, (width, height) in enumerate(SIZES):
+        image = noise(width, height, mode, seed=1000 + seed)
+        prompt = f"describe {IMAGE} please"
+        out = processor.process(prompt, {"image": [image]})
+        hf = call_hf(reference, prompt, [image])
+        context = f"{width}x{height} {mode}"
+        assert_identical(out, hf, reference.tokenizer, normalised=norm, context=context)
+
+
+def test_several_images_text_and_token_prompts_cache_hits_and_misses(combo) -> None:
+    processor, reference, norm = combo
+    a, b, c = noise(45, 80, seed=2000), noise(120, 30, "P", seed=2001), noise(20, 20, "RGBA", 2002)
+    d = noise(77, 33, "L", seed=2003)
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}],
+        }
+    ]
+    chat = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ours = processor.hf_processor.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    assert ours == chat
+    # (prompt, images, as token ids?, async?, expected cache hits, expected misses)
+    requests: list[tuple[str, list[Image.Image], bool, bool, int, int]] = [
+        (chat, [a, b], False, False, 0, 2),
+        (f"one {IMAGE} two {IMAGE} three {IMAGE} end", [b, c, b], True, False, 2, 1),
+        (f"{IMAGE}{IMAGE}", [c, a], False, True, 2, 0),
+        (f"bare pads <|image_pad|> and <|image_pad|>, {IMAGE}", [a, a, c], True, True, 3, 0),
+        ("no images at all, just text", [], False, False, 0, 0),
+        (f"the same new image twice: {IMAGE}{IMAGE}", [d, d], False, False, 0, 2),
+        (f"{IMAGE} and {IMAGE}", [d, a], True, False, 2, 0),
+    ]
+    tokenizer = reference.tokenizer
+    for index, (prompt, images, as_ids, use_async, hits, misses) in enumerate(requests):
+        given: Any = tokenizer(prompt)["input_ids"] if as_ids else prompt
+        mm_data = {"image": images} if images else None
+        before = processor.cache.stats()
+        if use_async:
+            out = asyncio.run(processor.process_async(given, mm_data))
+        else:
+            out = processor.process(given, mm_data)
+        after = processor.cache.stats()
+        context = f"request {index}"
+        assert (after.hits - before.hits, after.misses - before.misses) == (hits, misses), context
+        hf = call_hf(reference, prompt, images)
+        assert_identical(out, hf, tokenizer, normalised=norm, context=context)
+
+
+def test_concurrent_requests_match_hf(combo) -> None:
+    """Requests in flight together, on both workers' processor clones, each match HF."""
+    processor, reference, norm = combo
+    assert processor.workers == 2
+    pool = [noise(20 + 9 * i, 90 - 7 * i, "RGB" if i % 2 else "P", seed=2100 + i) for i in range(5)]
+    requests = [
+        (f"request {i}: " + IMAGE * (1 + i % 3), [pool[(i + k) % 5] for k in range(1 + i % 3)])
+        for i in range(6)
+    ]
+
+    async def run_all() -> list[mmproc.ProcessedInputs]:
+        return await asyncio.gather(
+            *(processor.process_async(prompt, {"image": images}) for prompt, images in requests)
+        )
+
+    for index, ((prompt, images), out) in enumerate(zip(requests, asyncio.run(run_all()))):
+        hf = call_hf(reference, prompt, images)
+        assert_identical(out, hf, reference.tokenizer, normalised=norm, context=f"request {index}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_request_hf_kwargs_match_hf_and_are_part_of_the_cache_key(
+    processors, references, backend: str
+) -> None:
+    processor, reference = processors[(backend, True)], references[backend]
+    image = noise(800, 600, seed=2200)
+    prompt = f"{IMAGE} small"
+    sizes = []
+    smaller, smallest = (
+        {"size": {"shortest_edge": SETTINGS["min_pixels"], "longest_edge": n * 28 * 28}}
+        for n in (200, 100)
+    )
+    for hf_kwargs in ({}, smaller, smallest, {}):
+        before = processor.cache.stats()
+        out = processor.process(prompt, {"image": [image]}, hf_kwargs=hf_kwargs)
+        hf = call_hf(reference, prompt, [image], **hf_kwargs)
+        assert_identical(out, hf, reference.tokenizer, normalised=True, context=str(hf_kwargs))
+        sizes.append(out.features[0].placeholder.length)
+        hit = processor.cache.stats().hits - before.hits
+        assert hit == (1 if len(sizes) == 4 else 0), hf_kwargs  # only the repeat is a hit
+    assert sizes[0] == sizes[3] and len(set(sizes[:3])) == 3
+
+
+def test_a_bad_item_in_a_multi_image_request_fails_it_and_the_next_is_served(combo) -> None:
+    processor, reference, norm = combo
+    good, wide = noise(40, 50, seed=3000), noise(2010, 10, seed=3001)  # 201:1
+    with pytest.raises(MmprocError, match="aspect ratio"):
+        processor.process(f"{IMAGE}{IMAGE}", {"image": [good, wide]})
+    prompt = f"{IMAGE} again"
+    out = processor.process(prompt, {"image": [good]})
+    assert_identical(out, call_hf(reference, prompt, [good]), reference.tokenizer, normalised=norm)
+
+
+@pytest.mark.parametrize("size", [(201, 1), (1, 201), (1000, 4), (3, 1000)])
+def test_beyond_200_to_1_is_a_clear_error_and_the_processor_keeps_serving(combo, size) -> None:
+    processor, reference, norm = combo
+    width, height = size
+    with pytest.raises(MmprocError, match="aspect ratio") as caught:
+        processor.process(IMAGE, {"image": [noise(width, height, seed=4000)]})
+    assert "200" in str(caught.value)
+    # transformers refuses the same image
+    with pytest.raises(ValueError, match="aspect ratio"):
+        call_hf(reference, IMAGE, [noise(width, height, seed=4000)])
+    # 200:1 exactly still works, and matches
+    ok = noise(*((200, 1) if width > height else (1, 200)), seed=4001)
+    out = processor.process(IMAGE, {"image": [ok]})
+    assert_identical(out, call_hf(reference, IMAGE, [ok]), reference.tokenizer, normalised=norm)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_large_4000x3000_image_matches_hf(processors, references, backend: str) -> None:
+    processor, reference = processors[(backend, True)], references[backend]  # the defaults
+    image = noise(4000, 3000, seed=5000).convert("RGB")
+    out = processor.process(f"big {IMAGE}", {"image": [image]})
+    hf = call_hf(reference, f"big {IMAGE}", [image])
+    assert_identical(out, hf, reference.tokenizer, normalised=True, bf16=False)
+    grid = hf["image_grid_thw"][0].tolist()
+    assert out.features[0].placeholder.length == grid[0] * grid[1] * grid[2] // 4
+    assert (
+        num_image_tokens(processor.hf_processor, 3000, 4000) == out.features[0].placeholder.length
+    )
+
+
+def test_pil_fast_path_is_taken_and_bit_identical(
+    processors, references, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PIL backend + device normalisation: images never go through transformers' float path."""
+    calls: list[int] = []
+    original = qwen_model.patchify_uint8
+
+    def spy(images: Any, **settings: Any) -> Any:
+        calls.append(len(images))
+        return original(images, **settings)
+
+    monkeypatch.setattr(qwen_model, "patchify_uint8", spy)
+    reference = references["pil"]
+    shapes = [(1, 1, "RGB"), (90, 60, "RGBA"), (200, 1, "P+transparency"), (17, 333, "L")]
+    images = [noise(w, h, mode, seed=6000 + i) for i, (w, h, mode) in enumerate(shapes)]
+    prompt = f"look {IMAGE}{IMAGE} and {IMAGE}{IMAGE}"
+    out = processors[("pil", True)].process(prompt, {"image": images})
+    assert calls == [4]
+    raw = call_hf(reference, prompt, images, do_rescale=False, do_normalize=False)
+    raw_pixels = raw["pixel_values"]
+    assert raw_pixels.dtype == torch.float32
+    assert torch.equal(raw_pixels.to(torch.uint8).to(torch.float32), raw_pixels)  # whole numbers
+    pixels = torch.cat([f.data["pixel_values"] for f in out.features])
+    assert pixels.dtype == torch.uint8
+    assert torch.equal(pixels, raw_pixels.to(torch.uint8))
+    assert_identical(out, call_hf(reference, prompt, images), reference.tokenizer, normalised=True)
+
+    # Not taken where it does not apply: torchvision backend, or normalisation on the CPU.
+    for key in [("torchvision", True), ("pil", False)]:
+        processors[key].process(IMAGE, {"image": [noise(33, 44, seed=6100)]})
+    assert calls == [4]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_num_image_tokens_equals_the_placeholder_length(processors, backend: str) -> None:
+    processor = processors[(backend, True)]
+    hf_processor = processor.hf_processor
+    sizes = [*SIZES, (640, 480), (1, 56), (1920, 1080)]
+    for seed, (width, height) in enumerate(sizes):
+        out = processor.process(IMAGE, {"image": [noise(width, height, seed=7000 + seed)]})
+        length = out.features[0].placeholder.length
+        assert num_image_tokens(hf_processor, height, width) == length, (width, height)
+        assert num_image_tokens(hf_processor.image_processor, height, width) == length
+    with pytest.raises(ImageSizeError, match="aspect ratio"):
+        num_image_tokens(hf_processor, 1, 201)
+    assert issubclass(ImageSizeError, MmprocError)
+
+
+# --- video --------------------------------------------------------------------------------------
+
+
+def test_video_matches_hf(combo) -> None:
+    processor, reference, norm = combo
+    array = noise_video(4, 90, 60, seed=8000)
+    odd = noise_video(3, 50, 70, seed=8001)  # an odd frame count: the last frame is repeated
+    frames = [Image.fromarray(frame) for frame in noise_video(2, 33, 47, seed=8002)]
+    tensor = torch.from_numpy(noise_video(2, 30, 20, seed=8005)).permute(0, 3, 1, 2)  # T,C,H,W
+    gray = np.ascontiguousarray(noise_video(2, 40, 30, seed=8006)[..., :1])  # (T, H, W, 1)
+    images = [noise(30, 40, seed=8003), noise(64, 20, "P", seed=8004)]
+    if norm:
+        assert "pixel_values_videos" in processor.norm_spec.pixel_keys
+    # (prompt, mm_data, what transformers gets as images, as videos)
+    cases: list[tuple[str, dict[str, Any], list[Any], list[Any]]] = [
+        (f"watch {VIDEO} now", {"video": [array]}, [], [array]),
+        (f"watch {VIDEO} now", {"video": frames}, [], [frames]),  # one video as a frame list
+        (f"watch {VIDEO} now", {"video": [tensor]}, [], [tensor.contiguous()]),
+        (f"watch {VIDEO} now", {"video": [gray]}, [], [gray]),
+        (
+            f"{IMAGE} then {VIDEO} then {VIDEO} and {IMAGE}",
+            {"image": images, "video": [odd, array]},
+            images,
+            [odd, array],
+        ),
+    ]
+    for index, (prompt, mm_data, images, videos) in enumerate(cases):
+        out = processor.process(prompt, mm_data)
+        hf = call_hf(reference, prompt, images, videos)
+        assert_identical(out, hf, reference.tokenizer, normalised=norm, context=f"case {index}")
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["hub", "save_pretrained"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_folder_layouts_load_the_real_settings_and_match_hf(
+    tmp_path_factory: pytest.TempPathFactory, folder: Path, layout: str, backend: str
+) -> None:
+    if layout == "hub":
+        path = folder
+    else:
+        path = write_qwen2_vl_folder(tmp_path_factory.mktemp("saved") / "qwen", layout=layout)
+        assert (path / "processor_config.json").is_file()
+        assert not (path / "preprocessor_config.json").exists()
+    reference = build_reference(path, backend)
+    image, video = noise(70, 35, "LA", seed=9000), noise_video(2, 40, 30, seed=9001)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "video"}]}]
+    prompt = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    with mmproc.get_processor(path, backend=backend) as processor:
+        hf_processor = processor.hf_processor
+        assert isinstance(hf_processor.image_processor, IMAGE_PROCESSOR_CLASSES[backend])
+        assert isinstance(hf_processor.video_processor, Qwen2VLVideoProcessor)
+        assert_real_settings(hf_processor)
+        ours = hf_processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        assert ours == prompt
+        out = processor.process(prompt, {"image": [image], "video": [video]})
+    hf = call_hf(reference, prompt, [image], [video])
+    assert_identical(out, hf, reference.tokenizer, normalised=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_qwen2_5_vl_hub_folder_naming_qwen2_5_vl_image_processor(
+    tmp_path_factory: pytest.TempPathFactory, backend: str
+) -> None:
+    root = tmp_path_factory.mktemp("qwen2_5_vl")
+    path = write_qwen2_vl_folder(
+        root / "hub", variant="qwen2_5_vl", image_processor_type="Qwen2_5_VLImageProcessor"
+    )
+    written = json.loads((path / "preprocessor_config.json").read_text(encoding="utf-8"))
+    assert written["image_processor_type"] == "Qwen2_5_VLImageProcessor"
+    # The reference: the same folder, naming a class transformers has.
+    reference = build_reference(write_reference_copy(path, root / "reference"), backend)
+    assert type(reference).__name__ == "Qwen2_5_VLProcessor"
+    images = [noise(50, 90, seed=9100), noise(300, 20, "RGBA", seed=9101)]
+    video = noise_video(3, 60, 40, seed=9102)
+    # Qwen2.5's tool-call tokens are added, non-special tokens: they must stay single ids.
+    prompt = f"<tool_call>{IMAGE} then {VIDEO}</tool_call> and {IMAGE}"
+    for norm in (True, False):
+        with mmproc.get_processor(path, backend=backend, device_normalize=norm) as processor:
+            assert type(processor.hf_processor).__name__ == "Qwen2_5_VLProcessor"
+            assert isinstance(
+                processor.hf_processor.image_processor, IMAGE_PROCESSOR_CLASSES[backend]
+            )
+            assert_real_settings(processor.hf_processor)
+            out = processor.process(prompt, {"image": images, "video": [video]})
+        hf = call_hf(reference, prompt, images, [video])
+        assert "second_per_grid_ts" in hf
+        assert_identical(out, hf, reference.tokenizer, normalised=norm, context=f"norm={norm}")
+
+
+def test_hub_folder_loads_the_same_tokenizer_transformers_does(folder: Path) -> None:
+    with mmproc.get_processor(folder) as processor:
+        ours = processor.hf_processor.tokenizer
+    theirs = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    text = f"<|im_start|>user\n{IMAGE}describe the picture, please<|im_end|>"
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+    for token in ("<|vision_start|>", "<|image_pad|>", "<|video_pad|>", "<|vision_end|>"):
+        assert len(ours.encode(token, add_special_tokens=False)) == 1
+
+
+def test_an_unknown_backend_is_a_configuration_error(folder: Path) -> None:
+    with pytest.raises(ConfigurationError, match="backend"):
+        mmproc.get_processor(folder, backend="opencv")
+
+
+# --- the worker pool ----------------------------------------------------------------------------
+
+
+def test_worker_pool_rules(
+    folder: Path, processors, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("MMPROC_WORKERS", raising=False)
+    with mmproc.get_processor(folder) as default:
+        assert (default.path, default.workers) == ("cpu", 2)
+        assert default.path is PreprocessingPath.CPU
+        assert image_backend(default) == "torchvision"  # transformers' default backend
+    for backend in BACKENDS:
+        processor = processors[(backend, True)]
+        assert (processor.path, processor.workers) == (PreprocessingPath.CPU, 2)
+        # Where the same processor would preprocess with device="cuda", and what that path gets.
+        path = preprocessing_path(processor.hf_processor, device="cuda")
+        expected = PreprocessingPath.DEVICE if backend == "torchvision" else PreprocessingPath.CPU
+        assert path is expected
+        count = resolve_worker_count(
+            requested=None,
+            hint=processor.model.worker_count_hint(processor.ctx, path),
+            supports_concurrency=processor.model.supports_concurrency(processor.ctx),
+            path=path,
+        )
+        assert count == (1 if path is PreprocessingPath.DEVICE else 2)
+    # Building (not running) a processor for the GPU needs no GPU.
+    with mmproc.get_processor(folder, backend="torchvision", device="cuda") as on_gpu:
+        assert (on_gpu.path, on_gpu.workers) == (PreprocessingPath.DEVICE, 1)
+    with mmproc.get_processor(folder, backend="pil", device="cuda") as pil_gpu:
+        assert (pil_gpu.path, pil_gpu.workers) == (PreprocessingPath.CPU, 2)
+    # An explicit count wins on either path (with a warning on the device path).
+    with mmproc.get_processor(folder, workers=3) as three:
+        assert (three.path, three.workers) == (PreprocessingPath.CPU, 3)
+    with caplog.at_level(logging.WARNING, logger="mmproc.executor"):
+        with mmproc.get_processor(folder, device="cuda", workers=3) as three_gpu:
+            assert (three_gpu.path, three_gpu.workers) == (PreprocessingPath.DEVICE, 3)
+    assert any("3 preprocessing workers" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,372 @@
+"""The request pipeline on a real transformers Qwen2-VL processor built from a local folder.
+
+The model is a throwaway in-process plugin defined here (it relies on the core's default
+``load_hf_processor`` and ``process_mm_data``), so these tests exercise the core alone; the
+qwen_vl plugin has its own identity tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from mmproc import hookimpl
+from mmproc.errors import ConfigurationError, MediaItemError, ProcessingError, PromptUpdateError
+from mmproc.fields import BatchedField, FlatField
+from mmproc.fused_norm import ChannelLayout, FusedInputNorm, NormSpec
+from mmproc.processor import get_processor
+from mmproc.prompt_update import PlaceholderRange, PromptReplacement
+from mmproc.registry import Registry
+from mmproc.testing import write_qwen2_vl_folder
+from PIL import Image
+
+ARCH = "TinyQwenForTest"
+PAD = "<|image_pad|>"
+IMAGE = f"<|vision_start|>{PAD}<|vision_end|>"
+
+
+class TinyQwen:
+    """A Qwen2-VL model as a plugin author would write it, on the core's default hooks."""
+
+    calls: list[int]
+    norm: bool = False
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    @hookimpl
+    def process_mm_data(self, mm_items):
+        self.calls.append(len(mm_items.get("image", ())))
+        return None  # the core's default runs the HF processor
+
+    @hookimpl
+    def get_dummy_text(self, mm_counts):
+        return IMAGE * mm_counts.get("image", 0)
+
+    @hookimpl
+    def get_mm_fields(self, outputs):
+        return {
+            "pixel_values": FlatField.from_grid("image", "image_grid_thw"),
+            "image_grid_thw": BatchedField("image"),
+        }
+
+    @hookimpl
+    def get_prompt_updates(self, processor, item_outputs):
+        pad = processor.image_token_id
+        images = item_outputs.get("image", [])
+
+        def expand(i: int) -> list[int]:
+            return [pad] * (int(images[i]["image_grid_thw"].prod()) // 4)
+
+        return [PromptReplacement("image", [pad], expand)]
+
+    @hookimpl
+    def device_norm_spec(self, processor):
+        if not self.norm:
+            return None
+        return NormSpec.from_image_processor(
+            processor.image_processor, layout=ChannelLayout.flat_patches(14, 2)
+        )
+
+
+class NormalisedTinyQwen(TinyQwen):
+    norm = True
+
+
+class BrokenRawTinyQwen(NormalisedTinyQwen):
+    """Declares device normalisation but normalises on the CPU anyway (a plugin bug)."""
+
+    @hookimpl
+    def process_mm_data(self, prompt, mm_items, processor):
+        return processor(text=[prompt], images=list(mm_items["image"]), return_tensors="pt")
+
+
+MODELS: dict[str, type] = {}
+
+
+class _Registrar:
+    @hookimpl
+    def mmproc_register_models(self, registry):
+        for arch, cls in MODELS.items():
+            registry.register(arch, f"{__name__}:{cls.__name__}")
+
+
+MODELS.update(
+    {ARCH: TinyQwen, "NormTinyQwen": NormalisedTinyQwen, "BrokenRawTinyQwen": BrokenRawTinyQwen}
+)
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    registry = Registry(entry_points=False)
+    registry.add_plugin(_Registrar(), name="tiny")
+    return registry
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = write_qwen2_vl_folder(tmp_path_factory.mktemp("tiny") / "qwen")
+    config = json.loads((path / "config.json").read_text())
+    config["architectures"] = [ARCH]
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def processor(folder: Path, registry: Registry):
+    with get_processor(folder, registry=registry) as proc:
+        yield proc
+
+
+def image(seed: int, size: tuple[int, int] = (60, 90)) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8))
+
+
+def hf_reference(processor, prompt: str, images: list[Image.Image], **kwargs: Any):
+    """Call the transformers processor directly: HF expands the placeholders itself."""
+    hf = processor.hf_processor
+    if images:
+        return hf(text=[prompt], images=images, return_tensors="pt", **kwargs)
+    return hf(text=[prompt], return_tensors="pt", **kwargs)
+
+
+def pad_runs(ids: list[int], pad: int) -> list[PlaceholderRange]:
+    """Each maximal run of pad tokens, found independently of mmproc's own matching."""
+    runs, i = [], 0
+    while i < len(ids):
+        if ids[i] == pad:
+            j = i
+            while j < len(ids) and ids[j] == pad:
+                j += 1
+            runs.append(PlaceholderRange(i, j - i))
+            i = j
+        else:
+            i += 1
+    return runs
+
+
+def assert_matches_hf(processor, out, prompt: str, images: list[Image.Image]) -> None:
+    ref = hf_reference(processor, prompt, images)
+    assert out.prompt_token_ids == ref["input_ids"][0].tolist()
+    pad = processor.hf_processor.image_token_id
+    assert [f.placeholder for f in out.features] == pad_runs(out.prompt_token_ids, pad)
+    assert [f.item_index for f in out.features] == list(range(len(images)))
+    if images:
+        pixels = torch.cat([f.data["pixel_values"] for f in out.features])
+        grids = torch.stack([f.data["image_grid_thw"] for f in out.features])
+        assert torch.equal(pixels, ref["pixel_values"])
+        assert torch.equal(grids, ref["image_grid_thw"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_requests_match_calling_hf_directly(processor, seed: int) -> None:
+    rng = random.Random(seed)
+    pool = [image(100 + i, (rng.randint(20, 120), rng.randint(20, 120))) for i in range(4)]
+    for _ in range(3):
+        count = rng.randint(0, 3)
+        # Repeats give cache hit rates from 0 to 100% across requests.
+        images = [rng.choice(pool) for _ in range(count)]
+        words = ["describe", "the", "picture", "and", "count", "cats"]
+        parts = [IMAGE if i < count else "" for i in range(count)]
+        prompt = "<|im_start|>user\n" + " ".join(rng.choice(words) for _ in range(3))
+        prompt += "".join(parts) + "<|im_end|>"
+        as_tokens = rng.random() < 0.5
+        given: Any = prompt
+        if as_tokens:
+            given = processor.hf_processor.tokenizer(prompt)["input_ids"]
+        out = processor.process(given, {"image": images} if images else None)
+        assert_matches_hf(processor, out, prompt, images)
+
+
+@pytest.mark.parametrize("cache_bytes", [0, None])
+def test_hf_expansion_path_equals_the_cached_path(folder, registry, cache_bytes) -> None:
+    images = [image(1), image(2, (120, 40)), image(1)]
+    prompt = f"look {IMAGE} then {IMAGE} and {IMAGE} done"
+    with (
+        get_processor(
+            folder, registry=registry, hf_prompt_expansion=True, cache_bytes=cache_bytes
+        ) as hf_path,
+        get_processor(folder, registry=registry, cache_bytes=cache_bytes) as cached_path,
+    ):
+        a = hf_path.process(prompt, {"image": images})
+        b = cached_path.process(prompt, {"image": images})
+        assert a.prompt_token_ids == b.prompt_token_ids
+        assert [f.placeholder for f in a.features] == [f.placeholder for f in b.features]
+        assert [f.hash for f in a.features] == [f.hash for f in b.features]
+        for fa, fb in zip(a.features, b.features):
+            assert fa.data.keys() == fb.data.keys()
+            for key in fa.data:
+                assert torch.equal(fa.data[key], fb.data[key])
+        assert_matches_hf(hf_path, a, prompt, images)
+
+
+def test_only_missing_items_reach_the_hf_processor_once_each(folder, registry) -> None:
+    with get_processor(folder, registry=registry) as proc:
+        model = proc.model.model_instance
+        first = proc.process(f"{IMAGE}{IMAGE}", {"image": [image(7), image(7)]})
+        # Two equal images in one request: processed once.
+        assert model.calls == [1]
+        assert first.features[0].hash == first.features[1].hash
+        second = proc.process(f"{IMAGE}{IMAGE}", {"image": [image(7), image(8)]})
+        assert model.calls == [1, 1]  # only the new image
+        assert torch.equal(
+            second.features[0].data["pixel_values"], first.features[0].data["pixel_values"]
+        )
+        proc.process(f"{IMAGE}", {"image": [image(8)]})
+        assert model.calls == [1, 1]  # all hits: no HF call at all
+        stats = proc.cache.stats()
+        assert stats.hits >= 2
+
+
+def test_cache_key_follows_hf_kwargs(processor) -> None:
+    a = processor.process(IMAGE, {"image": [image(9)]})
+    b = processor.process(IMAGE, {"image": [image(9)]}, hf_kwargs={"do_normalize": False})
+    assert a.features[0].hash != b.features[0].hash
+    assert not torch.equal(a.features[0].data["pixel_values"], b.features[0].data["pixel_values"])
+
+
+def test_placeholder_count_must_match_the_items(processor) -> None:
+    with pytest.raises(PromptUpdateError, match="image item 1") as too_few:
+        processor.process(f"only one {IMAGE}", {"image": [image(1), image(2)]})
+    assert too_few.value.modality == "image"
+    with pytest.raises(PromptUpdateError, match="2 image placeholders but the request has 1 image"):
+        processor.process(f"{IMAGE} and {IMAGE}", {"image": [image(1)]})
+
+
+def test_a_bad_item_is_named_and_the_processor_keeps_serving(processor) -> None:
+    with pytest.raises(MediaItemError, match="image item 1") as bad:
+        processor.process(f"{IMAGE}{IMAGE}", {"image": [image(1), b"not an image at all"]})
+    assert bad.value.index == 1
+    out = processor.process(IMAGE, {"image": [image(3)]})
+    assert_matches_hf(processor, out, IMAGE, [image(3)])
+
+
+def test_a_failing_processor_call_names_plugin_and_model(processor) -> None:
+    with pytest.raises(ProcessingError, match=r"TinyQwenForTest \(plugin 'tiny'"):
+        processor.process(IMAGE, {"image": [image(4)]}, hf_kwargs={"patch_size": "fourteen"})
+    with pytest.raises(ConfigurationError, match="hf_kwargs cannot be part of a cache key"):
+        processor.process(IMAGE, {"image": [image(4)]}, hf_kwargs={"odd": object()})
+
+
+def test_process_async_gives_the_same_result(processor) -> None:
+    prompt = f"async {IMAGE}"
+
+    async def main():
+        return await asyncio.gather(
+            processor.process_async(prompt, {"image": [image(11)]}),
+            processor.process_async(prompt, {"image": [image(12)]}),
+        )
+
+    first, second = asyncio.run(main())
+    assert_matches_hf(processor, first, prompt, [image(11)])
+    assert_matches_hf(processor, second, prompt, [image(12)])
+
+
+def test_concurrent_requests_from_threads(processor) -> None:
+    results: dict[int, Any] = {}
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            results[i] = processor.process(f"t{i} {IMAGE}", {"image": [image(200 + i)]})
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i, out in results.items():
+        assert_matches_hf(processor, out, f"t{i} {IMAGE}", [image(200 + i)])
+
+
+@pytest.mark.parametrize("backend_kwargs", [{}, {"cache_bytes": 0}])
+def test_device_normalisation_ships_uint8_that_normalises_to_the_float_path(
+    folder, registry, backend_kwargs
+) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    norm_folder = folder.parent / "norm"
+    if not norm_folder.exists():
+        import shutil
+
+        shutil.copytree(folder, norm_folder)
+        config["architectures"] = ["NormTinyQwen"]
+        (norm_folder / "config.json").write_text(json.dumps(config))
+    prompt = f"{IMAGE} x {IMAGE}"
+    images = [image(21, (64, 100)), image(22, (200, 30))]
+    with get_processor(norm_folder, registry=registry, **backend_kwargs) as proc:
+        for _ in range(2):  # miss, then hit
+            out = proc.process(prompt, {"image": images})
+            ref = hf_reference(proc, prompt, images)
+            assert out.prompt_token_ids == ref["input_ids"][0].tolist()
+            assert all(f.norm is not None for f in out.features)
+            raw = torch.cat([f.data["pixel_values"] for f in out.features])
+            assert raw.dtype == torch.uint8
+            normalised = FusedInputNorm(out.features[0].norm, dtype=torch.float32)(raw)
+            assert (normalised - ref["pixel_values"]).abs().max() < 1e-6
+    with get_processor(norm_folder, registry=registry, device_normalize=False) as proc:
+        out = proc.process(prompt, {"image": images})
+        assert out.features[0].norm is None
+        assert out.features[0].data["pixel_values"].dtype == torch.float32
+
+
+def test_device_normalize_true_needs_a_plugin_that_supports_it(folder, registry) -> None:
+    with pytest.raises(ConfigurationError, match="gives no device normalisation"):
+        get_processor(folder, registry=registry, device_normalize=True)
+
+
+def test_pixels_that_are_not_raw_fall_back_to_the_float_path_with_a_warning(
+    folder, registry, caplog
+) -> None:
+    broken = folder.parent / "broken"
+    if not broken.exists():
+        import shutil
+
+        shutil.copytree(folder, broken)
+        config = json.loads((broken / "config.json").read_text())
+        config["architectures"] = ["BrokenRawTinyQwen"]
+        (broken / "config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING, logger="mmproc.processor"):
+        with get_processor(broken, registry=registry) as proc:
+            out = proc.process(IMAGE, {"image": [image(31)]})
+    assert "is not raw pixels" in caplog.text
+    assert proc.norm_spec is None
+    feature = out.features[0]
+    assert feature.norm is None  # nothing left for the engine to do
+    ref = hf_reference(proc, IMAGE, [image(31)])
+    assert (feature.data["pixel_values"] - ref["pixel_values"]).abs().max() < 1e-6
+
+
+def test_bad_prompt_is_a_clear_error(processor) -> None:
+    with pytest.raises(PromptUpdateError, match="string or a sequence of non-negative token ids"):
+        processor.process([1, -2, 3], None)
+
+
+def test_load_hf_processor_default_needs_a_folder(registry) -> None:
+    from mmproc.errors import ProcessorLoadError
+
+    with pytest.raises(ProcessorLoadError, match="needs a local model folder"):
+        get_processor(ARCH, registry=registry)
+
+
+def test_an_item_the_processor_rejects_is_named_by_its_request_index(processor) -> None:
+    good, too_wide = image(41), image(42, (10, 2010))  # 201:1, beyond Qwen's 200:1 limit
+    processor.process(IMAGE, {"image": [good]})  # cached: the failing batch holds only new items
+    with pytest.raises(MediaItemError, match=r"image item 2: .*rejects it.*aspect ratio") as err:
+        processor.process(IMAGE * 3, {"image": [good, image(43), too_wide]})
+    assert err.value.index == 2
+    with pytest.raises(ProcessingError, match=r"^image item 0: .*aspect ratio"):
+        processor.process(IMAGE, {"image": [too_wide]})
+    out = processor.process(IMAGE, {"image": [image(43)]})
+    assert_matches_hf(processor, out, IMAGE, [image(43)])
