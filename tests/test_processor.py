@@ -370,3 +370,13 @@ def test_an_item_the_processor_rejects_is_named_by_its_request_index(processor) 
         processor.process(IMAGE, {"image": [too_wide]})
     out = processor.process(IMAGE, {"image": [image(43)]})
     assert_matches_hf(processor, out, IMAGE, [image(43)])
+
+
+def test_warm_up_makes_the_clones_before_the_first_request(folder, registry) -> None:
+    with get_processor(folder, registry=registry, warm_up=True, workers=2) as proc:
+        # one probe copy at start-up, then one clone per worker
+        assert proc.pool.clones_made == 1 + 2
+    with get_processor(folder, registry=registry, warm_up=False, workers=2) as proc:
+        assert proc.pool.clones_made == 1
+    with pytest.raises(ConfigurationError, match="warm_up must be"):
+        get_processor(folder, registry=registry, warm_up="later")
