@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ import pytest
 import torch
 from mmproc.errors import ConfigurationError, MmprocError
 from mmproc.executor import PreprocessingPath, preprocessing_path, resolve_worker_count
-from mmproc.fused_norm import FusedInputNorm
+from mmproc.fields import BatchedField, FlatField
 from mmproc.testing import write_paddleocr_vl_folder
+from mmproc.testing.conformance import assert_matches_hf
 from PIL import Image
 from transformers import AutoProcessor, AutoTokenizer
 from transformers.models.paddleocr_vl.image_processing_paddleocr_vl import (
@@ -46,7 +47,11 @@ IMAGE_PROCESSOR_CLASSES = {
 # (backend, device_normalize): every test that takes `combo` runs on all four processors.
 COMBOS = [(backend, norm) for backend in BACKENDS for norm in (True, False)]
 COMBO_IDS = [f"{backend}-{'device_norm' if norm else 'cpu_norm'}" for backend, norm in COMBOS]
-TEXT_KEYS = {"input_ids", "attention_mask", "mm_token_type_ids"}
+# How each output joins across items, as the test states it (not read from the plugin).
+FIELDS = {
+    "pixel_values": FlatField.from_grid("image", "image_grid_thw"),
+    "image_grid_thw": BatchedField("image"),
+}
 
 # The real PaddleOCR-VL hub settings the folders carry; the processors must load exactly these.
 SETTINGS = {
@@ -106,76 +111,25 @@ def call_hf(reference: Any, prompt: str, images: Sequence[Any] = (), **kwargs: A
     return reference(text=[prompt], return_tensors="pt", **kwargs)
 
 
-def pad_runs(ids: Sequence[int], pad: int) -> list[tuple[int, int]]:
-    """``(offset, length)`` of each maximal run of ``pad`` in ``ids``."""
-    runs, i = [], 0
-    while i < len(ids):
-        if ids[i] != pad:
-            i += 1
-            continue
-        j = i
-        while j < len(ids) and ids[j] == pad:
-            j += 1
-        runs.append((i, j - i))
-        i = j
-    return runs
-
-
-def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
-    """Every bf16 value equal to the reference cast to bf16, or one bf16 step from it."""
-    assert got.dtype == torch.bfloat16
-    want = want.to(torch.bfloat16)
-    up = torch.nextafter(want, torch.full_like(want, float("inf")))
-    down = torch.nextafter(want, torch.full_like(want, float("-inf")))
-    assert bool(((got == want) | (got == up) | (got == down)).all())
-
-
 def assert_identical(
     out: mmproc.ProcessedInputs,
-    hf: Mapping[str, Any],
+    hf: Any,
     tokenizer: Any,
     *,
     normalised: bool,
     bf16: bool = True,
     context: str = "",
 ) -> None:
-    """``out`` equals transformers' output ``hf`` for the same request."""
-    ids = hf["input_ids"][0].tolist()
-    assert out.prompt_token_ids == ids, context
-    assert {f.modality for f in out.features} <= {"image"}, context
-    features = out.features
-    assert [f.item_index for f in features] == list(range(len(features))), context
-    ranges = [(f.placeholder.offset, f.placeholder.length) for f in features]
-    assert ranges == pad_runs(ids, tokenizer.convert_tokens_to_ids(PAD)), context
-    media_keys = set(hf) - TEXT_KEYS
-    assert media_keys <= {"pixel_values", "image_grid_thw"}, context
-    if not features:
-        assert not media_keys, context
-        return
-    for feature in features:
-        assert set(feature.data) == {"pixel_values", "image_grid_thw"}, context
-    grids = torch.stack([torch.as_tensor(f.data["image_grid_thw"]) for f in features])
-    assert grids.dtype == hf["image_grid_thw"].dtype, context
-    assert torch.equal(grids, hf["image_grid_thw"]), context
-    want = hf["pixel_values"]
-    values = [f.data["pixel_values"] for f in features]
-    if not normalised:
-        assert all(f.norm is None for f in features), context
-        got = torch.cat(values)
-        assert got.dtype == want.dtype, context
-        assert torch.equal(got, want), context
-        return
-    assert all(v.dtype == torch.uint8 for v in values), context
-    assert all(f.norm is not None and "pixel_values" in f.norm.pixel_keys for f in features)
-    got = torch.cat(
-        [FusedInputNorm(f.norm, dtype=torch.float32)(v) for f, v in zip(features, values)]
+    """``out`` equals transformers' output ``hf`` for the same request (the kit's conformance)."""
+    assert_matches_hf(
+        out,
+        hf,
+        fields=FIELDS,
+        placeholder_token_ids={"image": tokenizer.convert_tokens_to_ids(PAD)},
+        normalised=normalised,
+        check_bf16=bf16,
+        context=context,
     )
-    assert got.shape == want.shape, context
-    assert float((got - want).abs().max()) <= 1e-6, context
-    if bf16:
-        assert_bf16_close(
-            torch.cat([FusedInputNorm(f.norm)(v) for f, v in zip(features, values)]), want
-        )
 
 
 def image_backend(processor: mmproc.Processor) -> str:

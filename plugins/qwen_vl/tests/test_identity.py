@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,9 @@ import pytest
 import torch
 from mmproc.errors import ConfigurationError, MmprocError
 from mmproc.executor import PreprocessingPath, preprocessing_path, resolve_worker_count
-from mmproc.fused_norm import FusedInputNorm
+from mmproc.fields import BatchedField, FlatField
 from mmproc.testing import write_qwen2_vl_folder
+from mmproc.testing.conformance import assert_matches_hf
 from mmproc_qwen_vl import model as qwen_model
 from mmproc_qwen_vl.image_fast_path import ImageSizeError
 from mmproc_qwen_vl.model import num_image_tokens
@@ -47,16 +48,15 @@ IMAGE_PROCESSOR_CLASSES = {"pil": Qwen2VLImageProcessorPil, "torchvision": Qwen2
 COMBOS = [(backend, norm) for backend in BACKENDS for norm in (True, False)]
 COMBO_IDS = [f"{backend}-{'device_norm' if norm else 'cpu_norm'}" for backend, norm in COMBOS]
 
-# Output key -> (modality, how it splits per item): "flat" rows concatenate, "batched" stack.
-FIELDS: dict[str, tuple[str, str]] = {
-    "pixel_values": ("image", "flat"),
-    "image_grid_thw": ("image", "batched"),
-    "pixel_values_videos": ("video", "flat"),
-    "video_grid_thw": ("video", "batched"),
-    "second_per_grid_ts": ("video", "batched"),  # Qwen2.5-VL
+# How each output joins across items, as the test states it (not read from the plugin).
+FIELDS = {
+    "pixel_values": FlatField.from_grid("image", "image_grid_thw"),
+    "image_grid_thw": BatchedField("image"),
+    "pixel_values_videos": FlatField.from_grid("video", "video_grid_thw"),
+    "video_grid_thw": BatchedField("video"),
+    "second_per_grid_ts": BatchedField("video"),  # Qwen2.5-VL
 }
 PAD_TOKENS = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
-TEXT_KEYS = {"input_ids", "attention_mask", "mm_token_type_ids"}
 
 # The real Qwen2-VL hub settings the folders carry; the processors must load exactly these.
 SETTINGS = {
@@ -132,82 +132,26 @@ def call_hf(
     return reference(text=[prompt], return_tensors="pt", **kwargs)
 
 
-def pad_runs(ids: Sequence[int], pad: int) -> list[tuple[int, int]]:
-    """``(offset, length)`` of each maximal run of ``pad`` in ``ids``."""
-    runs, i = [], 0
-    while i < len(ids):
-        if ids[i] != pad:
-            i += 1
-            continue
-        j = i
-        while j < len(ids) and ids[j] == pad:
-            j += 1
-        runs.append((i, j - i))
-        i = j
-    return runs
-
-
-def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
-    """Every bf16 value equal to the reference cast to bf16, or one bf16 step from it."""
-    assert got.dtype == torch.bfloat16
-    want = want.to(torch.bfloat16)
-    up = torch.nextafter(want, torch.full_like(want, float("inf")))
-    down = torch.nextafter(want, torch.full_like(want, float("-inf")))
-    assert bool(((got == want) | (got == up) | (got == down)).all())
-
-
 def assert_identical(
     out: mmproc.ProcessedInputs,
-    hf: Mapping[str, Any],
+    hf: Any,
     tokenizer: Any,
     *,
     normalised: bool,
     bf16: bool = True,
     context: str = "",
 ) -> None:
-    """``out`` equals transformers' output ``hf`` for the same request."""
-    ids = hf["input_ids"][0].tolist()
-    assert out.prompt_token_ids == ids, context
-    offsets = [f.placeholder.offset for f in out.features]
-    assert offsets == sorted(offsets), context
-    modalities = {modality for modality, _ in FIELDS.values()}
-    for modality in modalities:
-        features = [f for f in out.features if f.modality == modality]
-        assert [f.item_index for f in features] == list(range(len(features))), context
-        pad = tokenizer.convert_tokens_to_ids(PAD_TOKENS[modality])
-        ranges = [(f.placeholder.offset, f.placeholder.length) for f in features]
-        assert ranges == pad_runs(ids, pad), context
-        expected_keys = {k for k, (m, _) in FIELDS.items() if m == modality and k in hf}
-        for feature in features:
-            assert set(feature.data) == expected_keys, context
-    for key, want in hf.items():
-        if key in TEXT_KEYS:
-            continue
-        assert key in FIELDS, f"{context}: unexpected output {key!r}"
-        modality, kind = FIELDS[key]
-        features = [f for f in out.features if f.modality == modality]
-        values = [torch.as_tensor(f.data[key]) for f in features]
-        if kind == "batched":
-            got = torch.stack(values)
-            assert got.dtype == want.dtype, f"{context}: {key}"
-            assert torch.equal(got, want), f"{context}: {key}"
-            continue
-        if not normalised:
-            assert all(f.norm is None for f in features), context
-            got = torch.cat(values)
-            assert got.dtype == want.dtype, f"{context}: {key}"
-            assert torch.equal(got, want), f"{context}: {key}"
-            continue
-        assert all(v.dtype == torch.uint8 for v in values), f"{context}: {key}"
-        assert all(f.norm is not None and key in f.norm.pixel_keys for f in features), context
-        got = torch.cat(
-            [FusedInputNorm(f.norm, dtype=torch.float32)(v) for f, v in zip(features, values)]
-        )
-        assert got.shape == want.shape, f"{context}: {key}"
-        assert float((got - want).abs().max()) <= 1e-6, f"{context}: {key}"
-        if bf16:
-            got16 = torch.cat([FusedInputNorm(f.norm)(v) for f, v in zip(features, values)])
-            assert_bf16_close(got16, want)
+    """``out`` equals transformers' output ``hf`` for the same request (the kit's conformance)."""
+    pads = {m: tokenizer.convert_tokens_to_ids(t) for m, t in PAD_TOKENS.items()}
+    assert_matches_hf(
+        out,
+        hf,
+        fields=FIELDS,
+        placeholder_token_ids=pads,
+        normalised=normalised,
+        check_bf16=bf16,
+        context=context,
+    )
 
 
 def write_reference_copy(folder: Path, destination: Path) -> Path:

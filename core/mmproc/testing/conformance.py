@@ -1,0 +1,134 @@
+"""Conformance checks for plugin authors: mmproc's output against transformers called directly.
+
+The bar for a model plugin is identity with the model's own processor: the same prompt ids, the
+same tensors per item, placeholder ranges exactly where the expanded placeholder tokens are.
+:func:`assert_matches_hf` checks one processed request against the outputs of the HF processor
+called on the same prompt and media (``processor(text=[prompt], images=..., return_tensors="pt")``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from mmproc.fields import FieldSpec
+from mmproc.fused_norm import FusedInputNorm
+from mmproc.processor import ProcessedInputs
+
+__all__ = ["TEXT_OUTPUT_KEYS", "assert_bf16_close", "assert_matches_hf", "token_runs"]
+
+#: Outputs that belong to the prompt, not to a media item.
+TEXT_OUTPUT_KEYS = frozenset({"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids"})
+
+
+def token_runs(ids: Sequence[int], token_id: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each maximal run of ``token_id`` in ``ids``."""
+    runs, i = [], 0
+    while i < len(ids):
+        if ids[i] != token_id:
+            i += 1
+            continue
+        j = i
+        while j < len(ids) and ids[j] == token_id:
+            j += 1
+        runs.append((i, j - i))
+        i = j
+    return runs
+
+
+def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Every bf16 value equals the reference cast to bf16, or is one bf16 step from it."""
+    assert got.dtype == torch.bfloat16, got.dtype
+    want = want.to(torch.bfloat16)
+    up = torch.nextafter(want, torch.full_like(want, float("inf")))
+    down = torch.nextafter(want, torch.full_like(want, float("-inf")))
+    assert bool(((got == want) | (got == up) | (got == down)).all()), "bf16 values differ"
+
+
+def assert_matches_hf(
+    out: ProcessedInputs,
+    hf_outputs: Mapping[str, Any],
+    *,
+    fields: Mapping[str, FieldSpec],
+    placeholder_token_ids: Mapping[str, int],
+    normalised: bool | None = None,
+    atol: float = 1e-6,
+    check_bf16: bool = True,
+    text_keys: Collection[str] = TEXT_OUTPUT_KEYS,
+    context: str = "",
+) -> None:
+    """Assert that ``out`` is what the HF processor gave (``hf_outputs``) for the same request.
+
+    Args:
+        out: mmproc's result.
+        hf_outputs: the HF processor's outputs for the same prompt and media (batch of one).
+        fields: the model's field specs (``get_mm_fields``): how each output joins across items.
+        placeholder_token_ids: modality -> the token its placeholder expands to; each item's
+            placeholder range must be exactly one run of that token in the prompt.
+        normalised: ``True``: every feature carries a norm spec (device normalisation);
+            ``False``: none does; ``None``: not checked. Either way, outputs a feature's spec
+            names must be uint8 whose ``FusedInputNorm`` is within ``atol`` of HF's floats (bf16
+            output equal or one step away with ``check_bf16``); all others equal exactly.
+        text_keys: outputs that belong to the prompt and are not compared per item.
+        context: prefixed to failure messages (which request of a series failed).
+    """
+    where = f"{context}: " if context else ""
+    ids = torch.as_tensor(hf_outputs["input_ids"])[0].tolist()
+    assert out.prompt_token_ids == ids, f"{where}prompt ids differ"
+    offsets = [f.placeholder.offset for f in out.features]
+    assert offsets == sorted(offsets), f"{where}features are not in prompt order"
+    for modality, token_id in placeholder_token_ids.items():
+        features = [f for f in out.features if f.modality == modality]
+        assert [f.item_index for f in features] == list(range(len(features))), (
+            f"{where}{modality} item indices"
+        )
+        ranges = [(f.placeholder.offset, f.placeholder.length) for f in features]
+        assert ranges == token_runs(ids, token_id), f"{where}{modality} placeholder ranges"
+    if normalised is not None:
+        for feature in out.features:
+            assert (feature.norm is not None) is normalised, (
+                f"{where}{feature.modality} item {feature.item_index}: norm spec "
+                f"{'missing' if normalised else 'unexpected'}"
+            )
+    item_keys = [k for k in hf_outputs if k not in text_keys]
+    for key in item_keys:
+        assert key in fields, f"{where}HF output {key!r} has no field spec"
+    for feature in out.features:
+        expected = {k for k in item_keys if fields[k].modality == feature.modality}  # type: ignore[attr-defined]
+        assert set(feature.data) == expected, (
+            f"{where}{feature.modality} item {feature.item_index} has outputs "
+            f"{sorted(feature.data)}, HF has {sorted(expected)}"
+        )
+    for key in item_keys:
+        want = hf_outputs[key]
+        spec = fields[key]
+        modality = spec.modality  # type: ignore[attr-defined]
+        features = [f for f in out.features if f.modality == modality]
+        assert all(key in f.data for f in features), f"{where}{key!r} missing from a feature"
+        values = [torch.as_tensor(f.data[key]) for f in features]
+        norms = [f.norm for f in features]
+        is_pixels = [n is not None and key in n.pixel_keys for n in norms]
+        assert len(set(is_pixels)) <= 1, f"{where}{key!r} is raw in some items only"
+        want = torch.as_tensor(want)
+        if not any(is_pixels):
+            got = torch.as_tensor(spec.join(key, values))
+            assert got.dtype == want.dtype, f"{where}{key!r} dtype {got.dtype} != {want.dtype}"
+            assert torch.equal(got, want), f"{where}{key!r} differs"
+            continue
+        assert all(v.dtype == torch.uint8 for v in values), f"{where}{key!r} is not uint8"
+        got = torch.as_tensor(
+            spec.join(
+                key,
+                [FusedInputNorm(n, dtype=torch.float32)(v) for n, v in zip(norms, values)],
+            )
+        )
+        assert got.shape == want.shape, f"{where}{key!r} shape {tuple(got.shape)}"
+        error = float((got - want).abs().max()) if got.numel() else 0.0
+        assert error <= atol, f"{where}{key!r} differs by {error:.3g} after FusedInputNorm"
+        if check_bf16:
+            got16 = torch.as_tensor(
+                spec.join(key, [FusedInputNorm(n)(v) for n, v in zip(norms, values)])
+            )
+            assert_bf16_close(got16, want)
