@@ -174,3 +174,14 @@ def test_prepare_request_normalises_every_feature_and_names_a_bad_one() -> None:
     )
     with pytest.raises(DecodeError, match=r"request 'r1', feature 1 \(image item 1\)"):
         prepare_request(SimpleNamespace(request_id="r1", features=[good, bad]), device="cpu")
+
+
+def test_uint8_pixels_without_a_norm_spec_are_refused() -> None:
+    raw = torch.zeros(4, 1176, dtype=torch.uint8)
+    with pytest.raises(
+        DecodeError, match="'pixel_values' holds uint8 pixels but the feature has no norm spec"
+    ):
+        prepare_feature({"pixel_values": raw}, None, device="cpu")
+    # other uint8 outputs (not pixels) are moved as they are
+    out = prepare_feature({"mask": raw}, None, device="cpu")
+    assert out["mask"].dtype == torch.uint8

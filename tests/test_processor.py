@@ -89,6 +89,14 @@ class BrokenRawTinyQwen(NormalisedTinyQwen):
         return processor(text=[prompt], images=list(mm_items["image"]), return_tensors="pt")
 
 
+class IncompleteFieldsTinyQwen(TinyQwen):
+    """Forgets to say how image_grid_thw splits (a plugin bug)."""
+
+    @hookimpl
+    def get_mm_fields(self, outputs):
+        return {"pixel_values": FlatField.from_grid("image", "image_grid_thw")}
+
+
 MODELS: dict[str, type] = {}
 
 
@@ -100,7 +108,12 @@ class _Registrar:
 
 
 MODELS.update(
-    {ARCH: TinyQwen, "NormTinyQwen": NormalisedTinyQwen, "BrokenRawTinyQwen": BrokenRawTinyQwen}
+    {
+        ARCH: TinyQwen,
+        "NormTinyQwen": NormalisedTinyQwen,
+        "BrokenRawTinyQwen": BrokenRawTinyQwen,
+        "IncompleteFieldsTinyQwen": IncompleteFieldsTinyQwen,
+    }
 )
 
 
@@ -252,7 +265,10 @@ def test_a_bad_item_is_named_and_the_processor_keeps_serving(processor) -> None:
 
 def test_a_failing_processor_call_names_plugin_and_model(processor) -> None:
     with pytest.raises(ProcessingError, match=r"TinyQwenForTest \(plugin 'tiny'"):
-        processor.process(IMAGE, {"image": [image(4)]}, hf_kwargs={"patch_size": "fourteen"})
+        # Settings every item fails with: the error is about the request, not an item.
+        processor.process(
+            IMAGE * 2, {"image": [image(4), image(5)]}, hf_kwargs={"patch_size": "fourteen"}
+        )
     with pytest.raises(ConfigurationError, match="hf_kwargs cannot be part of a cache key"):
         processor.process(IMAGE, {"image": [image(4)]}, hf_kwargs={"odd": object()})
 
@@ -366,17 +382,135 @@ def test_an_item_the_processor_rejects_is_named_by_its_request_index(processor) 
     with pytest.raises(MediaItemError, match=r"image item 2: .*rejects it.*aspect ratio") as err:
         processor.process(IMAGE * 3, {"image": [good, image(43), too_wide]})
     assert err.value.index == 2
-    with pytest.raises(ProcessingError, match=r"^image item 0: .*aspect ratio"):
+    with pytest.raises(MediaItemError, match=r"^image item 0: .*aspect ratio"):
         processor.process(IMAGE, {"image": [too_wide]})
+    calls = len(processor.model.model_instance.calls)
+    with pytest.raises(MediaItemError, match=r"^image item 5: "):
+        processor.process(
+            IMAGE * 8,
+            {"image": [image(50 + i) for i in range(5)] + [too_wide, image(60), image(61)]},
+        )
+    # Finding the culprit costs a few halvings, not one call per item.
+    assert len(processor.model.model_instance.calls) - calls <= 6
     out = processor.process(IMAGE, {"image": [image(43)]})
     assert_matches_hf(processor, out, IMAGE, [image(43)])
 
 
 def test_warm_up_makes_the_clones_before_the_first_request(folder, registry) -> None:
     with get_processor(folder, registry=registry, warm_up=True, workers=2) as proc:
-        # one probe copy at start-up, then one clone per worker
-        assert proc.pool.clones_made == 1 + 2
+        # one clone per worker, and no probe copy: the warm-up is the probe
+        assert proc.pool.clones_made == 2
+    with get_processor(folder, registry=registry, warm_up="background", workers=2) as proc:
+        proc.process(IMAGE, {"image": [image(70)]})
+        proc.process(IMAGE, {"image": [image(71)]})
+        assert proc.pool.clones_made == 2
     with get_processor(folder, registry=registry, warm_up=False, workers=2) as proc:
-        assert proc.pool.clones_made == 1
+        assert proc.pool.clones_made == 1  # the probe only
     with pytest.raises(ConfigurationError, match="warm_up must be"):
         get_processor(folder, registry=registry, warm_up="later")
+
+
+def copy_folder(folder: Path, architecture: str) -> Path:
+    """A copy of the tiny folder whose config.json names ``architecture``."""
+    import shutil
+
+    target = folder.parent / architecture
+    if not target.exists():
+        shutil.copytree(folder, target)
+        config = json.loads((target / "config.json").read_text())
+        config["architectures"] = [architecture]
+        (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def png(seed: int) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    image(seed).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_many_async_requests_with_encoded_images_never_deadlock(folder, registry) -> None:
+    # Each request decodes two images on the IO pool: preparing must not wait inside that pool.
+    with get_processor(folder, registry=registry, io_workers=1) as proc:
+
+        async def main():
+            jobs = [
+                proc.process_async(IMAGE * 2, {"image": [png(i), png(i + 1)]}) for i in range(6)
+            ]
+            return await asyncio.wait_for(asyncio.gather(*jobs), timeout=60)
+
+        results = asyncio.run(main())
+    assert [len(r.features) for r in results] == [2] * 6
+
+
+def test_a_request_setting_normalise_itself_takes_the_float_path_alone(folder, registry) -> None:
+    with get_processor(copy_folder(folder, "NormTinyQwen"), registry=registry) as proc:
+        out = proc.process(IMAGE, {"image": [image(80)]}, hf_kwargs={"do_normalize": True})
+        assert out.features[0].norm is None
+        assert out.features[0].data["pixel_values"].dtype == torch.float32
+        assert_matches_hf(proc, out, IMAGE, [image(80)])
+        assert proc.norm_spec is not None  # later requests still ship uint8
+        later = proc.process(IMAGE, {"image": [image(80)]})
+        assert later.features[0].data["pixel_values"].dtype == torch.uint8
+        assert later.features[0].hash != out.features[0].hash
+
+
+def test_placeholders_without_items_are_an_error(processor) -> None:
+    for mm_data in (None, {"image": []}):
+        with pytest.raises(
+            PromptUpdateError, match="1 image placeholder but the request has no image"
+        ):
+            processor.process(f"hi {IMAGE} there", mm_data)
+
+
+def test_unusual_item_forms_are_media_item_errors(processor) -> None:
+    bf16 = torch.zeros(3, 8, 8, dtype=torch.bfloat16)
+    with pytest.raises(MediaItemError, match="image item 1") as err:
+        processor.process(IMAGE * 2, {"image": [image(1), bf16]})
+    assert err.value.index == 1
+
+
+def test_prompt_forms(processor) -> None:
+    import numpy as np
+
+    ids = processor.hf_processor.tokenizer(f"a {IMAGE}")["input_ids"]
+    as_numpy = processor.process(list(np.array(ids)), {"image": [image(5)]})
+    assert (
+        as_numpy.prompt_token_ids
+        == processor.process(f"a {IMAGE}", {"image": [image(5)]}).prompt_token_ids
+    )
+    with pytest.raises(PromptUpdateError, match="not bytes"):
+        processor.process(b"hello", None)
+
+
+def test_hf_kwargs_that_differ_only_deep_inside_hash_differently(processor) -> None:
+    import numpy as np
+
+    a = processor.process(IMAGE, {"image": [image(6)]}, hf_kwargs={"image_mean": list(np.zeros(3))})
+    b = processor.process(IMAGE, {"image": [image(6)]}, hf_kwargs={"image_mean": [0.0, 0.0, 1e-9]})
+    assert a.features[0].hash != b.features[0].hash
+
+
+def test_an_incomplete_field_spec_names_the_plugin(folder, registry) -> None:
+    from mmproc.errors import FieldSpecError
+
+    with get_processor(copy_folder(folder, "IncompleteFieldsTinyQwen"), registry=registry) as proc:
+        with pytest.raises(
+            FieldSpecError, match=r"IncompleteFieldsTinyQwen \(plugin 'tiny'\).*image_grid_thw"
+        ):
+            proc.process(IMAGE, {"image": [image(7)]})
+
+
+def test_hf_expansion_with_a_placeholder_mismatch_is_a_prompt_error(folder, registry) -> None:
+    with get_processor(folder, registry=registry, hf_prompt_expansion=True, cache_bytes=0) as proc:
+        with pytest.raises(PromptUpdateError, match="2 image placeholders but the request has 1"):
+            proc.process(IMAGE * 2, {"image": [image(8)]})
+
+
+def test_a_mistyped_folder_is_named_as_a_missing_folder(registry, tmp_path) -> None:
+    from mmproc.errors import ProcessorLoadError
+
+    with pytest.raises(ProcessorLoadError, match=r"model folder .*/nope does not exist"):
+        get_processor(str(tmp_path / "nope"), registry=registry)

@@ -7,17 +7,38 @@ A model implements only what differs from these. Hooks with no sensible default
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from mmproc.context import ModelContext
 from mmproc.errors import ProcessorLoadError
 from mmproc.hookspecs import hookimpl
 
-__all__ = ["HF_MODALITY_KWARGS", "DefaultModel"]
+__all__ = ["HF_MODALITY_KWARGS", "DefaultModel", "read_chat_template"]
 
 #: The keyword an HF processor takes each modality's items under.
 HF_MODALITY_KWARGS: Mapping[str, str] = {"image": "images", "video": "videos", "audio": "audio"}
+
+
+def read_chat_template(folder: Path) -> str | None:
+    """The chat template a model folder stores (``chat_template.jinja`` or ``.json``), if any.
+
+    For plugins that assemble a processor from its parts: transformers' tokenizer does not read
+    ``chat_template.json``, only its processor classes do.
+    """
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    as_json = folder / "chat_template.json"
+    if as_json.is_file():
+        try:
+            template = json.loads(as_json.read_text(encoding="utf-8")).get("chat_template")
+        except (json.JSONDecodeError, AttributeError) as exc:
+            raise ProcessorLoadError(f"{as_json} is not a JSON object: {exc}") from exc
+        return template if isinstance(template, str) else None
+    return None
 
 
 class DefaultModel:

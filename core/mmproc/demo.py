@@ -95,7 +95,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """Run the demo; returns the exit status."""
     from mmproc.processor import get_processor
     from mmproc.testing import write_qwen2_vl_folder
-    from mmproc.wire import RequestSender
+    from mmproc.wire import RequestSender, encode_request
 
     with tempfile.TemporaryDirectory(prefix="mmproc-demo-") as tmp:
         folder = write_qwen2_vl_folder(Path(tmp) / "demo-qwen2-vl")
@@ -138,10 +138,9 @@ def run_demo(args: argparse.Namespace) -> int:
             with RequestSender(address) as sender:
                 for i, (out, _) in enumerate(processed):
                     request = out.to_engine_request(f"req-{i}", {"max_tokens": 64})
+                    # What leaves: the msgpack body plus the zero-copy tensor frames.
                     wire_bytes[request.request_id] = sum(
-                        t.numel() * t.element_size()
-                        for f in request.features
-                        for t in f.data.values()
+                        memoryview(frame).nbytes for frame in encode_request(request)
                     )
                     sender.send(request)
                 sender.flush(timeout=30)

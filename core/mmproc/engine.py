@@ -79,7 +79,8 @@ def prepare_feature(
     - With a spec, each pixel tensor must be uint8: it is moved as uint8, then normalised with the
       cached module for (spec, device, dtype). A float tensor next to a spec is refused, since it
       cannot tell raw from already-normalised values.
-    - Without a spec, float pixel tensors are cast to ``dtype`` (on the device).
+    - Without a spec, float pixel tensors are cast to ``dtype`` (on the device); uint8 pixels
+      are refused (they would reach the model unnormalised).
     - Every other tensor is moved as it is (dtype kept); values that are not tensors pass through.
 
     A malformed spec, or pixels that do not fit it, raise :class:`~mmproc.errors.DecodeError`
@@ -109,6 +110,12 @@ def prepare_feature(
                 raise DecodeError(f"feature field {key!r}: {exc}") from None
         elif value.is_floating_point():
             out[key] = _move(value, device, dtype)
+        elif value.dtype == torch.uint8:
+            # Raw pixels with nothing to say how to normalise them would reach the model as
+            # 0..255: refuse rather than feed it silently wrong inputs.
+            raise DecodeError(
+                f"feature field {key!r} holds uint8 pixels but the feature has no norm spec"
+            )
         else:
             out[key] = _move(value, device)
     return out

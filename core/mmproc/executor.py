@@ -262,8 +262,10 @@ class ProcessorPool:
         intra_op_threads: torch intra-op threads for the workers while the pool runs: ``"auto"``
             (``cores // workers`` with more than one worker, else untouched), an int, or ``None``
             to leave torch alone.
-        warm_up: make every worker's clone now, in place of the probe clone. Only when the
-            processor is final; otherwise call :meth:`warm_up` once it is.
+        warm_up: make every worker's clone now, in place of the probe clone: ``True`` waits
+            for them, ``"background"`` returns at once (a clone failure still switches to the
+            synchronous fallback). Only when the processor is final; otherwise call
+            :meth:`warm_up` once it is.
         name: prefix of the worker threads' names.
         model: the model's name, used in log messages.
 
@@ -278,7 +280,7 @@ class ProcessorPool:
         *,
         share: Collection[str] = (),
         intra_op_threads: int | Literal["auto"] | None = "auto",
-        warm_up: bool = False,
+        warm_up: bool | Literal["background"] = False,
         name: str = "mmproc-preprocess",
         model: str | None = None,
     ) -> None:
@@ -343,7 +345,7 @@ class ProcessorPool:
             self, _release_resources, self._executor, self._threads_token
         )
         if warm_up:
-            self.warm_up()
+            self.warm_up(wait=warm_up is True)
 
     # --- public API -------------------------------------------------------------------------
 

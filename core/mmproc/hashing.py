@@ -38,7 +38,7 @@ from PIL import Image
 
 from mmproc.inputs import AudioItem
 
-__all__ = ["HASH_FORMAT_VERSION", "hash_context", "hash_item", "item_key"]
+__all__ = ["HASH_FORMAT_VERSION", "canonical_json", "hash_context", "hash_item", "item_key"]
 
 HASH_FORMAT_VERSION = 1
 """Bumped whenever the framing changes, so old and new hashes never compare equal."""
@@ -178,7 +178,7 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     if isinstance(obj, set | frozenset):
-        return sorted(obj, key=_canonical_json)
+        return sorted(obj, key=canonical_json)
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
     if isinstance(obj, bytes):
@@ -194,7 +194,7 @@ def _json_default(obj: Any) -> Any:
     )
 
 
-def _canonical_json(value: Any) -> str:
+def canonical_json(value: Any) -> str:
     return json.dumps(
         value,
         sort_keys=True,
@@ -229,7 +229,7 @@ def hash_context(
     }
     h = xxhash.xxh3_128()
     _field(h, _CONTEXT_MAGIC)
-    _field(h, _canonical_json(payload).encode())
+    _field(h, canonical_json(payload).encode())
     return h.digest()
 
 

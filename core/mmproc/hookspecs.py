@@ -20,9 +20,11 @@ so an incompatible plugin is reported without being imported::
     [project.entry-points."mmproc.plugin_api"]
     my_model = "mmproc.hookspecs:PLUGIN_API_V1"
 
-Threads: discovery and ``load_hf_processor`` run once, on the thread that first looks the model up.
-``process_mm_data`` runs on a worker-pool thread with that thread's own processor clone. Everything
-else runs on the caller's thread (the request's thread or the event loop's executor).
+Threads: discovery and ``load_hf_processor`` run once, on the thread that first looks the model up;
+so do ``supports_concurrency``, ``worker_count_hint`` and ``device_norm_spec``, when a
+``Processor`` is built. The per-request hooks (``process_mm_data``, ``get_mm_fields``,
+``get_prompt_updates``, ``get_dummy_text``) run on a worker-pool thread, with that thread's own
+processor clone, possibly on several threads at once: keep no per-request state on the model.
 """
 
 from __future__ import annotations
@@ -123,8 +125,8 @@ class ModelSpec:
         Signature: ``get_mm_fields(ctx, outputs) -> {output_name: FieldSpec}``.
 
         Use :mod:`mmproc.fields` specs (batched, flat with per-item sizes, shared). Every output
-        except the prompt's own (``input_ids``, ``attention_mask``) must be covered. Called on the
-        request's thread after each processor call. No default: a model must implement it.
+        except the prompt's own (``input_ids``, ``attention_mask``) must be covered. Called on a
+        worker-pool thread after each processor call. No default: a model must implement it.
         """
 
     @hookspec(firstresult=True)
@@ -142,7 +144,7 @@ class ModelSpec:
         ``item_outputs`` maps modality to the per-item output dicts (already split by fields), so
         a replacement can size itself from the item's grid. Return
         :class:`mmproc.prompt_update.PromptReplacement` / ``PromptInsertion`` objects. Called on
-        the request's thread. No default: a model must implement it.
+        a worker-pool thread, with its processor clone. No default: a model must implement it.
         """
 
     @hookspec(firstresult=True)
@@ -151,8 +153,9 @@ class ModelSpec:
 
         Signature: ``get_dummy_text(ctx, mm_counts) -> str``.
 
-        Used to run the HF processor on media alone (cache misses, token-id prompts). Called on
-        the request's thread. No default: a model must implement it.
+        Used to run the HF processor on media alone (cache misses, token-id prompts), and, for one
+        item, to spot placeholders of a modality a request has no item of. Called on a
+        worker-pool thread. No default: a model must implement it.
         """
 
     @hookspec(firstresult=True)

@@ -197,6 +197,13 @@ def parse_mm_data(
                 results[i] = futures[i].result() if i in futures else loader()
             except _ItemProblem as exc:
                 raise MediaItemError(modality, index, str(exc)) from exc.__cause__
+            except MemoryError:
+                raise
+            except Exception as exc:
+                # A form the checks above did not foresee: still an error about this item.
+                raise MediaItemError(
+                    modality, index, f"cannot load it: {type(exc).__name__}: {exc}"
+                ) from exc
     except BaseException:
         for fut in futures.values():
             fut.cancel()

@@ -20,7 +20,6 @@ ranges; both paths give identical results (a tested promise).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import threading
@@ -29,14 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmproc.cache import ProcessorCache
+from mmproc.cache import ProcessorCache, compact_entry
 from mmproc.context import ModelContext, read_model_config
 from mmproc.errors import (
     ConfigurationError,
+    FieldSpecError,
     MediaItemError,
     MmprocError,
     ProcessingError,
-    PromptUpdateError,
+    ProcessorLoadError,
 )
 from mmproc.executor import (
     ProcessorPool,
@@ -47,11 +47,15 @@ from mmproc.executor import (
     resolve_worker_count,
 )
 from mmproc.fields import split_outputs
-from mmproc.hashing import hash_context, hash_item, item_key
-from mmproc.inputs import parse_mm_data
+from mmproc.hashing import canonical_json, hash_context, hash_item, item_key
+from mmproc.inputs import MODALITIES, parse_mm_data
+from mmproc.placeholder_checks import (
+    check_placeholder_count,
+    check_prompt,
+    check_unused_placeholders,
+)
 from mmproc.prompt_update import (
     PlaceholderRange,
-    PromptReplacement,
     apply_prompt_updates,
     find_placeholder_ranges,
 )
@@ -71,8 +75,13 @@ _PROCESSOR_CONFIG_FILES = (
     "processor_config.json",
     "video_preprocessor_config.json",
 )
-# Options that change what the processor outputs for an item (part of the cache key).
-_OUTPUT_OPTIONS = ("backend", "hf_processor_kwargs")
+# Options that cannot change what the processor outputs for an item; every other option (plugins
+# may read their own) is part of the cache key and of each item's hash.
+_NON_OUTPUT_OPTIONS = frozenset(
+    {"workers", "io_workers", "cache_bytes", "warm_up", "hf_prompt_expansion", "device_normalize"}
+)
+# hf_kwargs a user may pass that decide whether pixels come out raw.
+_RAW_PIXEL_KEYS = frozenset({"do_rescale", "do_normalize"})
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,9 @@ class ProcessedInputs:
                     offset=feature.placeholder.offset,
                     length=feature.placeholder.length,
                     is_embed=None if mask is None else torch.tensor(mask, dtype=torch.bool),
-                    data={k: torch.as_tensor(v) for k, v in feature.data.items()},
+                    # The wire carries host memory: outputs of a processor running on a GPU
+                    # (device="cuda") are copied back here; CPU tensors are not copied.
+                    data={k: torch.as_tensor(v).cpu() for k, v in feature.data.items()},
                     norm=None if feature.norm is None else feature.norm.to_wire(),
                 )
             )
@@ -150,6 +161,7 @@ class _Request:
     cached: dict[str, dict[str, Any]]
     hf_kwargs: dict[str, Any]  # what the HF processor gets: the processor's own plus the user's
     user_kwargs: dict[str, Any]
+    raw: bool  # pixels come out raw (rescale and normalise off) for device normalisation
 
     @property
     def mm_counts(self) -> dict[str, int]:
@@ -203,13 +215,17 @@ class Processor:
         self._context_digests: dict[str, bytes] = {}
         self._processor_config = _processor_config(ctx.model_path)
         self._state_lock = threading.Lock()
+        self._placeholder_ids_cache: dict[str, list[int]] | None = None
         self._io_pool = create_io_pool(options.get("io_workers"))
-        self._pool = ProcessorPool(lambda: self.hf_processor, self.workers, model=ctx.architecture)
+        # Async requests are prepared (parsed, hashed, looked up) here, off the event loop; its
+        # threads mostly wait for the IO pool, so the same count of them is plenty.
+        self._prepare_pool = create_io_pool(options.get("io_workers"), name="mmproc-prepare")
         # The processor is final here (plugins customise it in load_hf_processor), so the clones
         # can be made now: in the background by default, so neither construction nor the first
         # requests pay for them (a Qwen2-sized tokenizer costs ~0.45 s a copy).
-        if warm_up:
-            self._pool.warm_up(wait=warm_up is True)
+        self._pool = ProcessorPool(
+            lambda: self.hf_processor, self.workers, warm_up=warm_up, model=ctx.architecture
+        )
 
     # --- construction helpers ----------------------------------------------------------------
 
@@ -235,34 +251,46 @@ class Processor:
         """The device normalisation new requests get, or None when pixels are normalised here."""
         return self._spec if self._device_normalize else None
 
-    def _hf_kwargs(self, user_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    def _raw_pixels_for(self, user_kwargs: Mapping[str, Any]) -> bool:
+        """Whether a request's pixels come out raw: device normalisation is on and the user's
+        ``hf_kwargs`` do not set rescale or normalise themselves."""
+        return self._device_normalize and not (set(user_kwargs) & _RAW_PIXEL_KEYS)
+
+    def _hf_kwargs(self, user_kwargs: Mapping[str, Any], raw: bool) -> dict[str, Any]:
         kwargs = dict(self._base_kwargs)
-        if self._device_normalize:
+        if raw:
             from mmproc.fused_norm import raw_pixel_kwargs
 
             kwargs.update(raw_pixel_kwargs())
         kwargs.update(user_kwargs)
         return kwargs
 
-    def _context_digest(self, hf_kwargs: Mapping[str, Any]) -> bytes:
-        # Keyed by the kwargs' canonical text: the digest is reused by every request alike.
-        text = json.dumps([hf_kwargs, self._device_normalize], sort_keys=True, default=repr)
+    def _context_digest(self, hf_kwargs: Mapping[str, Any], raw: bool) -> bytes:
+        """The part of every cache key that is not the item: model, configuration, options."""
+        try:
+            # The canonical text is the memo key: two kwargs with one text hash alike anyway.
+            text = canonical_json([hf_kwargs, raw])
+        except TypeError as exc:
+            raise ConfigurationError(f"hf_kwargs cannot be part of a cache key: {exc}") from None
         digest = self._context_digests.get(text)
         if digest is None:
             import transformers
 
-            options = {name: self.ctx.options.get(name) for name in _OUTPUT_OPTIONS}
+            options = {
+                name: value
+                for name, value in self.ctx.options.items()
+                if name not in _NON_OUTPUT_OPTIONS
+            }
             options.update(
                 hf_kwargs=dict(hf_kwargs),
-                device_normalize=self._device_normalize,
+                raw_pixels=raw,
+                plugin=self.ctx.plugin,
                 transformers=transformers.__version__,
             )
             try:
                 digest = hash_context(self.ctx.architecture, self._processor_config, options)
             except TypeError as exc:
-                raise ConfigurationError(
-                    f"hf_kwargs cannot be part of a cache key: {exc}"
-                ) from None
+                raise ConfigurationError(f"options cannot be part of a cache key: {exc}") from None
             if len(self._context_digests) < 1024:
                 self._context_digests[text] = digest
         return digest
@@ -287,8 +315,10 @@ class Processor:
     ) -> ProcessedInputs:
         """Like :meth:`process`, without blocking the event loop on loading or preprocessing."""
         loop = asyncio.get_running_loop()
+        # Not on the IO pool itself: preparing waits for decode jobs it puts on that pool, and
+        # waiting inside the pool for the pool deadlocks once every IO thread does it.
         request = await loop.run_in_executor(
-            self._io_pool, self._prepare, prompt, mm_data or {}, hf_kwargs
+            self._prepare_pool, self._prepare, prompt, mm_data or {}, hf_kwargs
         )
         return await self._pool.run_async(self._process_prepared, request)
 
@@ -298,11 +328,11 @@ class Processor:
         mm_data: Mapping[str, Any],
         hf_kwargs: Mapping[str, Any] | None,
     ) -> _Request:
-        prompt = _check_prompt(prompt)
+        prompt = check_prompt(prompt)
         user_kwargs = dict(hf_kwargs or {})
-        kwargs = self._hf_kwargs(user_kwargs)
+        raw = self._raw_pixels_for(user_kwargs)
+        digest = self._context_digest(user_kwargs, raw)
         items = parse_mm_data(mm_data, io_pool=self._io_pool)
-        digest = self._context_digest(hf_kwargs or {})
         keys = {
             modality: [item_key(digest, hash_item(modality, item)) for item in modality_items]
             for modality, modality_items in items.items()
@@ -313,7 +343,9 @@ class Processor:
             for key, entry in zip(all_keys, self.cache.lookup(all_keys))
             if entry is not None
         }
-        return _Request(prompt, items, keys, cached, kwargs, user_kwargs)
+        return _Request(
+            prompt, items, keys, cached, self._hf_kwargs(user_kwargs, raw), user_kwargs, raw
+        )
 
     def _process_prepared(self, request: _Request, *, processor: Any) -> ProcessedInputs:
         """Runs on a worker thread with that thread's processor clone."""
@@ -323,40 +355,8 @@ class Processor:
         missing = request.missing()
         expanded_ids: list[int] | None = None
         if missing:
-            missing_items = {m: [item for _, item in pairs] for m, pairs in missing.items()}
-            counts = {m: len(v) for m, v in missing_items.items()}
-            use_prompt = (
-                self._hf_prompt_expansion
-                and isinstance(request.prompt, str)
-                and not request.cached
-                and counts == request.mm_counts
-            )
-            text = request.prompt if use_prompt else model.get_dummy_text(ctx, counts)
-            try:
-                outputs = model.process_mm_data(
-                    ctx, text, missing_items, processor, request.hf_kwargs
-                )
-            except ProcessingError as exc:
-                raise self._explain_failure(exc, request, missing, processor) from exc
-            per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
-            cacheable = True
-            if request.hf_kwargs.get("do_normalize") is False and self._spec is not None:
-                if not self._make_raw_uint8(per_item):
-                    # Rerun on the float path: these pixels are neither raw nor trustworthy.
-                    kwargs = {**self._base_kwargs, **request.user_kwargs}
-                    outputs = model.process_mm_data(ctx, text, missing_items, processor, kwargs)
-                    per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
-                    cacheable = False  # their keys say "raw": never serve floats under them
-            if use_prompt and "input_ids" in outputs:
-                expanded_ids = _first_row(outputs["input_ids"])
-            new_entries = {
-                key: entry
-                for modality, pairs in missing.items()
-                for (key, _), entry in zip(pairs, per_item.get(modality, []))
-            }
+            new_entries, expanded_ids = self._process_missing(request, missing, processor)
             entries.update(new_entries)
-            if cacheable:
-                self.cache.insert(new_entries, protect=list(entries))
 
         item_outputs = {
             modality: [entries[key] for key in request.keys[modality]] for modality in request.items
@@ -371,7 +371,8 @@ class Processor:
                 ids = list(tokenizer(request.prompt)["input_ids"])
             else:
                 ids = request.prompt
-            _check_placeholder_count(ids, updates, counts, tokenizer)
+            check_unused_placeholders(ids, self._placeholder_ids(tokenizer), counts)
+            check_placeholder_count(ids, updates, counts, tokenizer)
             new_prompt, placeholders = apply_prompt_updates(ids, updates, counts, tokenizer)
             prompt_ids = list(new_prompt)
         features = [
@@ -389,47 +390,132 @@ class Processor:
         features.sort(key=lambda f: f.placeholder.offset)
         return ProcessedInputs(prompt_ids, features)
 
-    def _explain_failure(
+    def _process_missing(
+        self, request: _Request, missing: dict[str, list[tuple[str, Any]]], processor: Any
+    ) -> tuple[dict[str, dict[str, Any]], list[int] | None]:
+        """Run the HF processor on the items not in the cache; cache and return their outputs.
+
+        Returns the per-item outputs by key, and the prompt ids when HF expanded the prompt.
+        """
+        ctx, model = self.ctx, self.model
+        items = {m: [item for _, item in pairs] for m, pairs in missing.items()}
+        counts = {m: len(v) for m, v in items.items()}
+        dummy = model.get_dummy_text(ctx, counts)
+        use_prompt = (
+            self._hf_prompt_expansion
+            and isinstance(request.prompt, str)
+            and not request.cached
+            and counts == request.mm_counts
+        )
+        kwargs = request.hf_kwargs
+        outputs = None
+        if use_prompt:
+            try:
+                outputs = model.process_mm_data(ctx, request.prompt, items, processor, kwargs)
+            except ProcessingError:
+                # Most often the prompt and the items disagree: the dummy-text path below says
+                # so precisely (PromptUpdateError), or finds the item at fault.
+                use_prompt = False
+        if outputs is None:
+            try:
+                outputs = model.process_mm_data(ctx, dummy, items, processor, kwargs)
+            except ProcessingError as exc:
+                raise self._locate_failure(exc, request, missing, processor) from exc
+        per_item = self._split(outputs, counts)
+        cacheable = True
+        if request.raw and not self._make_raw_uint8(per_item):
+            # Neither raw nor trustworthy: rerun these items on the float path.
+            kwargs = {**self._base_kwargs, **request.user_kwargs}
+            text = request.prompt if use_prompt else dummy
+            outputs = model.process_mm_data(ctx, text, items, processor, kwargs)
+            per_item = self._split(outputs, counts)
+            cacheable = False  # their keys say "raw": never serve floats under them
+        expanded_ids = (
+            _first_row(outputs["input_ids"]) if use_prompt and "input_ids" in outputs else None
+        )
+        new_entries = {
+            key: entry
+            for modality, pairs in missing.items()
+            for (key, _), entry in zip(pairs, per_item.get(modality, []))
+        }
+        if cacheable and self.cache.enabled:
+            # One compact copy per item, shared by the cache and this request's features, so the
+            # batch tensor is freed with the request rather than held by views.
+            new_entries = {key: compact_entry(entry) for key, entry in new_entries.items()}
+            self.cache.insert(new_entries, protect=[*request.cached, *new_entries])
+        return new_entries, expanded_ids
+
+    def _split(self, outputs: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:
+        try:
+            return split_outputs(outputs, self.model.get_mm_fields(self.ctx, outputs), counts)
+        except FieldSpecError as exc:
+            raise FieldSpecError(
+                f"{self.ctx.architecture} (plugin {self.ctx.plugin!r}): {exc}"
+            ) from exc
+
+    def _placeholder_ids(self, tokenizer: Any) -> dict[str, list[int]]:
+        """Modality -> token ids of the model's placeholder for one item (computed once)."""
+        cached = self._placeholder_ids_cache
+        if cached is None:
+            cached = {}
+            for modality in MODALITIES:
+                text = self.model.get_dummy_text(self.ctx, {modality: 1})
+                if text:
+                    cached[modality] = list(tokenizer.encode(text, add_special_tokens=False))
+            self._placeholder_ids_cache = cached
+        return cached
+
+    def _locate_failure(
         self,
         error: ProcessingError,
         request: _Request,
         missing: dict[str, list[tuple[str, Any]]],
         processor: Any,
     ) -> MmprocError:
-        """Name the request item a processor failure comes from, when one item is the cause.
+        """Name the request item a processor failure comes from.
 
-        Each item is retried alone: if some fail and others pass, the first failing one is the
-        culprit (a :class:`MediaItemError` with its index in the request); if all fail, the
-        request's settings are (the original error, items named).
+        Halving the batch finds the first failing item in about the work of one more batch. When
+        some items pass, the settings are fine and that item is the culprit: a
+        :class:`MediaItemError` with its index in the request. When every part fails, the
+        settings are at fault and the original error stands. A lone item is named as it is.
         """
         pairs = [(m, key, item) for m, entries in missing.items() for key, item in entries]
-        failing: list[tuple[str, str, BaseException]] = []
+
+        def run(part: list[tuple[str, str, Any]]) -> BaseException | None:
+            items: dict[str, list[Any]] = {}
+            for modality, _, item in part:
+                items.setdefault(modality, []).append(item)
+            text = self.model.get_dummy_text(self.ctx, {m: len(v) for m, v in items.items()})
+            try:
+                self.model.process_mm_data(self.ctx, text, items, processor, request.hf_kwargs)
+            except ProcessingError as exc:
+                return exc.__cause__ or exc
+            return None
+
+        part, cause, saw_pass = pairs, error.__cause__ or error, False
+        while len(part) > 1:
+            half = part[: len(part) // 2]
+            failure = run(half)
+            if failure is None:
+                saw_pass, part = True, part[len(part) // 2 :]
+            else:
+                cause, part = failure, half
         if len(pairs) > 1:
-            for modality, key, item in pairs:
-                try:
-                    self.model.process_mm_data(
-                        self.ctx,
-                        self.model.get_dummy_text(self.ctx, {modality: 1}),
-                        {modality: [item]},
-                        processor,
-                        request.hf_kwargs,
-                    )
-                except ProcessingError as exc:
-                    failing.append((modality, key, exc.__cause__ or exc))
-        if failing and len(failing) < len(pairs):
-            modality, key, cause = failing[0]
-            index = request.keys[modality].index(key)
-            return MediaItemError(
-                modality,
-                index,
-                f"the {self.ctx.architecture} processor (plugin {self.ctx.plugin!r}) rejects it: "
-                f"{type(cause).__name__}: {cause}",
-            )
-        if len(pairs) == 1:
-            modality, key, _ = pairs[0]
-            index = request.keys[modality].index(key)
-            return ProcessingError(f"{modality} item {index}: {error}")
-        return error
+            confirmed = run([part[0]])
+            if confirmed is None:
+                return error  # no single item fails alone: the items only fail together
+            cause = confirmed
+        if len(pairs) > 1 and not saw_pass:
+            saw_pass = run([p for p in pairs if p is not part[0]]) is None
+            if not saw_pass:
+                return error  # every part fails: the settings, not an item
+        modality, key, _ = part[0]
+        return MediaItemError(
+            modality,
+            request.keys[modality].index(key),
+            f"the {self.ctx.architecture} processor (plugin {self.ctx.plugin!r}) rejects it: "
+            f"{type(cause).__name__}: {cause}",
+        )
 
     def _make_raw_uint8(self, per_item: dict[str, list[dict[str, Any]]]) -> bool:
         """Turn raw pixel outputs into uint8 in place; False (and device normalisation switched
@@ -493,6 +579,7 @@ class Processor:
     def close(self) -> None:
         """Stop the worker and IO threads (waits for running requests)."""
         self._pool.shutdown()
+        self._prepare_pool.shutdown()
         self._io_pool.shutdown()
 
     def __enter__(self) -> Processor:
@@ -512,67 +599,6 @@ class Processor:
 def _first_row(ids: Any) -> list[int]:
     rows = ids.tolist() if hasattr(ids, "tolist") else list(ids)
     return list(rows[0]) if rows and isinstance(rows[0], list) else list(rows)
-
-
-def _check_prompt(prompt: Any) -> str | list[int]:
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, Sequence) and all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
-    ):
-        return list(prompt)
-    raise PromptUpdateError("the prompt must be a string or a sequence of non-negative token ids")
-
-
-def _check_placeholder_count(
-    ids: list[int], updates: Sequence[Any], counts: Mapping[str, int], tokenizer: Any
-) -> None:
-    """A prompt with more placeholders than items is an error, not silently left unexpanded."""
-    for modality, count in counts.items():
-        targets = {
-            _target_ids(u.target, tokenizer)
-            for u in updates
-            if isinstance(u, PromptReplacement) and u.modality == modality
-        }
-        targets.discard(None)
-        if len(targets) != 1:
-            continue  # several alternative targets: the apply step checks each item
-        (target,) = targets
-        assert target is not None
-        found = _count_occurrences(ids, target)
-        if found > count:
-            raise PromptUpdateError(
-                f"the prompt has {found} {modality} placeholders but the request has "
-                f"{count} {modality} item{'s' if count != 1 else ''}",
-                modality=modality,
-            )
-
-
-def _target_ids(target: Any, tokenizer: Any) -> tuple[int, ...] | None:
-    if isinstance(target, str):
-        return tuple(tokenizer.encode(target, add_special_tokens=False))
-    if isinstance(target, tuple) and all(isinstance(t, int) for t in target):
-        return target
-    return None  # zero-width index targets
-
-
-def _count_occurrences(ids: list[int], target: tuple[int, ...]) -> int:
-    if not target:
-        return 0
-    if len(target) == 1:
-        return ids.count(target[0])
-    found, i, n = 0, 0, len(target)
-    first = target[0]
-    while True:
-        try:
-            i = ids.index(first, i)
-        except ValueError:
-            return found
-        if tuple(ids[i : i + n]) == target:
-            found += 1
-            i += n
-        else:
-            i += 1
 
 
 def _processor_config(folder: Path | None) -> dict[str, str]:
@@ -632,6 +658,9 @@ def get_processor(name_or_folder: str | os.PathLike[str], **options: Any) -> Pro
         reference = registry.resolve_folder(folder, prefer=prefer)
         config = read_model_config(folder)
     else:
+        if os.sep in target or target.startswith((".", "~")):
+            # Architecture names never hold a path separator: this was meant as a folder.
+            raise ProcessorLoadError(f"model folder {target} does not exist")
         folder = Path(model_path) if model_path is not None else None
         reference = registry.resolve(target, prefer=prefer)
         config = read_model_config(folder) if folder is not None else {}

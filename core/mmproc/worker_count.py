@@ -147,7 +147,7 @@ def requested_worker_count(
     Raises:
         ConfigurationError: the value is not an integer >= 1; the message names its source.
     """
-    source = "workers option"
+    source = "io_workers option" if env == IO_WORKERS_ENV else "workers option"
     if option is None:
         option = os.environ.get(env)
         source = f"environment variable {env}"

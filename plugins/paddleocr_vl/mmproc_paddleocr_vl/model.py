@@ -7,14 +7,13 @@ itself, between ``<|IMAGE_START|>`` and ``<|IMAGE_END|>``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from mmproc import hookimpl
 from mmproc.context import ModelContext
+from mmproc.defaults import read_chat_template
 from mmproc.errors import ConfigurationError, ProcessorLoadError
 from mmproc.fields import BatchedField, FieldSpec, FlatField
 from mmproc.fused_norm import ChannelLayout, NormSpec
@@ -26,17 +25,6 @@ BACKENDS = ("torchvision", "pil")
 IMAGE_PLACEHOLDER = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
 
 
-def _chat_template(folder: Path) -> str | None:
-    jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    as_json = folder / "chat_template.json"
-    if as_json.is_file():
-        template = json.loads(as_json.read_text(encoding="utf-8")).get("chat_template")
-        return template if isinstance(template, str) else None
-    return None
-
-
 class PaddleOCRVLModel:
     """Hooks for ``PaddleOCRVLForConditionalGeneration``."""
 
@@ -46,8 +34,7 @@ class PaddleOCRVLModel:
         backend = ctx.option("backend") or "torchvision"
         if backend not in BACKENDS:
             raise ConfigurationError(
-                f"{ctx.architecture}: backend must be one of {', '.join(BACKENDS)}, "
-                f"got {backend!r}"
+                f"{ctx.architecture}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
             )
         folder = ctx.require_model_path()
         from transformers import AutoTokenizer
@@ -68,7 +55,7 @@ class PaddleOCRVLModel:
                     str(folder), local_files_only=True, **extra
                 ),
                 tokenizer=AutoTokenizer.from_pretrained(str(folder), local_files_only=True),
-                chat_template=_chat_template(folder),
+                chat_template=read_chat_template(folder),
             )
         except Exception as exc:
             raise ProcessorLoadError(

@@ -11,33 +11,17 @@ layout (``processor_config.json``).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from mmproc.context import ModelContext
+from mmproc.defaults import read_chat_template
 from mmproc.errors import ConfigurationError, ProcessorLoadError
 
-__all__ = ["BACKENDS", "load_qwen_processor", "read_chat_template"]
+__all__ = ["BACKENDS", "load_qwen_processor"]
 
 BACKENDS = ("torchvision", "pil")
 
 _QWEN2_5_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
-
-
-def read_chat_template(folder: Path) -> str | None:
-    """The chat template stored in ``folder`` (``chat_template.jinja`` or ``.json``), if any."""
-    jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    as_json = folder / "chat_template.json"
-    if as_json.is_file():
-        try:
-            template = json.loads(as_json.read_text(encoding="utf-8")).get("chat_template")
-        except (json.JSONDecodeError, AttributeError) as exc:
-            raise ProcessorLoadError(f"{as_json} is not a JSON object: {exc}") from exc
-        return template if isinstance(template, str) else None
-    return None
 
 
 def load_qwen_processor(ctx: ModelContext) -> Any:

@@ -82,7 +82,10 @@ class QwenVLModel:
         )
         if not fast:
             return None
-        settings = patch_settings_from_processor(processor.image_processor)
+        try:
+            settings = patch_settings_from_processor(processor.image_processor)
+        except ValueError:
+            return None  # settings the native path does not reproduce: transformers runs
         pixels, grids = patchify_uint8(list(images), **settings)
         return {
             "pixel_values": torch.from_numpy(pixels),
@@ -137,10 +140,12 @@ class QwenVLModel:
         layout = ChannelLayout.flat_patches(
             int(image_processor.patch_size), int(image_processor.temporal_patch_size)
         )
-        keys = ["pixel_values"]
         video = getattr(processor, "video_processor", None)
-        if video is not None and _same_normalisation(image_processor, video):
-            keys.append("pixel_values_videos")
+        if video is not None and not _same_normalisation(image_processor, video):
+            # The raw-pixel switches reach both processors, and one spec cannot undo two
+            # different normalisations: such folders normalise on the CPU.
+            return None
+        keys = ["pixel_values"] if video is None else ["pixel_values", "pixel_values_videos"]
         return NormSpec.from_image_processor(image_processor, layout=layout, pixel_keys=keys)
 
 
