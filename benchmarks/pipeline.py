@@ -62,7 +62,7 @@ def measure(float_path, uint8_path, image: Image.Image, repeat: int) -> tuple[fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", default=["1024x768", "1920x1080"])
+    parser.add_argument("--sizes", nargs="+", default=["640x480", "1024x768", "1920x1080"])
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()
     torch.set_num_threads(1)
