@@ -261,6 +261,19 @@ def test_non_contiguous_tensor_is_made_contiguous_once() -> None:
     assert_same(decode(frames), view)
 
 
+def test_small_strided_tensors_go_inline_as_c_order_bytes() -> None:
+    base = torch.arange(12, dtype=torch.int16).reshape(3, 4)
+    array = np.arange(12, dtype=np.int16).reshape(3, 4)
+    values = [base.t(), base[:, ::2], torch.tensor([5], dtype=torch.int16).expand(4), array.T]
+    strided = encode(values)
+    contiguous = encode(
+        [torch.tensor(v.tolist(), dtype=torch.int16) for v in values[:3]]
+        + [np.ascontiguousarray(array.T)]
+    )
+    assert len(strided) == 1 and strided == contiguous  # byte for byte, all inline
+    assert_same(decode(strided), values)
+
+
 def test_aux_frames_keep_the_tensor_alive() -> None:
     frames = encode(torch.full((1000,), 7, dtype=torch.int32))
     gc.collect()

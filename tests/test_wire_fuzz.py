@@ -205,6 +205,23 @@ def test_container_flood_is_cut_off_early() -> None:
     assert python_peak([body], limits) < 8 * count + 256 * 1024
 
 
+@pytest.mark.parametrize("containers", [1, 11, 200])
+def test_container_limit_is_exact_at_the_boundary(containers: int) -> None:
+    # n nested arrays take n bytes: at the limit the body is small enough for the decoder to skip
+    # counting, one over the limit it counts, and must still refuse.
+    body = b"\x91" * (containers - 1) + b"\x90"
+    limits = DecodeLimits(max_containers=containers, max_depth=256)
+    assert len(body) == containers
+    nested = decode([body], limits=limits)
+    for _ in range(containers - 1):
+        (nested,) = nested
+    assert nested == []
+    if containers > 1:
+        fewer = DecodeLimits(max_containers=containers - 1, max_depth=256)
+        with pytest.raises(DecodeError, match=f"more than {containers - 1} arrays and maps"):
+            decode([body], limits=fewer)
+
+
 # --- property-based fuzzing -----------------------------------------------------------------------
 
 TORCH_DTYPES = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.bfloat16, torch.float32]

@@ -195,6 +195,91 @@ def test_construction_validates_with_type_and_value_errors() -> None:
         WireFeature("image", True, "h", 0, 1, None, {})
 
 
+@pytest.mark.parametrize("ids", [[0], [2**63 - 1], [7, 2**63 - 1, 0], list(range(5000))])
+def test_token_ids_at_the_ends_of_the_range_are_accepted(ids: list[int]) -> None:
+    request = EngineRequest("r", ids)
+    assert decode_request(encode_request(request)).prompt_token_ids == ids
+
+
+@pytest.mark.parametrize(
+    "ids", [[-1], [1, -(2**63)], [2**63], [0, 2**64 - 1], [2**64], [3, 2**70, 4], [1] * 999 + [-1]]
+)
+def test_token_ids_out_of_range_are_refused_on_construction_and_decode(ids: list[int]) -> None:
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*63\)"):
+        EngineRequest("r", ids)
+    wire = make_request().to_wire()
+    wire["prompt_token_ids"] = ids
+    wire["features"] = []
+    try:
+        frames = encode(wire)
+    except EncodeError:  # beyond what msgpack can write at all
+        return
+    with pytest.raises(DecodeError, match=r"\[0, 2\*\*63\)"):
+        decode_request(frames)
+
+
+def test_unusual_but_valid_field_types_take_the_full_checks() -> None:
+    import enum
+
+    class Index(enum.IntEnum):
+        FIRST = 0
+
+    class Modality(enum.StrEnum):
+        IMAGE = "image"
+
+    class Norm(dict):  # type: ignore[type-arg]
+        pass
+
+    pixels = torch.nn.Parameter(torch.zeros(2, 3))  # a tensor subclass
+    feature = WireFeature(
+        Modality.IMAGE, Index.FIRST, "h", 0, 2, None, {"pixel_values": pixels}, Norm(mean=[0.5])
+    )
+    request = EngineRequest("r", [1, 2], [feature])
+    got = decode_request(encode_request(request))
+    assert got.features[0].modality == "image" and got.features[0].item_index == 0
+    assert torch.equal(got.features[0].data["pixel_values"], torch.zeros(2, 3))
+    assert got.features[0].norm == {"mean": [0.5]}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("modality", "", ValueError),
+        ("modality", b"image", TypeError),
+        ("item_index", False, TypeError),
+        ("item_index", -3, ValueError),
+        ("hash", None, TypeError),
+        ("offset", 1.0, TypeError),
+        ("length", -1, ValueError),
+        ("is_embed", torch.ones(4, dtype=torch.uint8), ValueError),
+        ("is_embed", torch.ones(3, dtype=torch.bool), ValueError),
+        ("is_embed", [True] * 4, TypeError),
+        ("data", [], TypeError),
+        ("data", {1: torch.zeros(1)}, TypeError),
+        ("data", {"x": np.zeros(1)}, TypeError),
+        ("norm", {"mean": [0.5, "a"]}, TypeError),
+        ("norm", {"mean": [[[[[1.0]]]]]}, TypeError),
+        ("norm", {1: 0.5}, TypeError),
+        ("norm", (("mean", 0.5),), TypeError),
+    ],
+)
+def test_feature_construction_refuses_each_bad_field(field: str, value: Any, error: type) -> None:
+    fields: dict[str, Any] = {
+        "modality": "image",
+        "item_index": 0,
+        "hash": "h",
+        "offset": 0,
+        "length": 4,
+        "is_embed": None,
+        "data": {"x": torch.zeros(1)},
+        "norm": {"mean": [0.5, 0.5], "layout": {"names": ["a", "b"], "patch": 14}},
+    }
+    WireFeature(**fields)  # the baseline is valid
+    fields[field] = value
+    with pytest.raises(error, match=field):
+        WireFeature(**fields)
+
+
 def test_unencodable_params_fail_at_send_time_with_the_path() -> None:
     request = make_request(params={"callback": print})
     with pytest.raises(EncodeError, match=r"\$\.params\.callback"):

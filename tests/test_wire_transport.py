@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -21,12 +22,18 @@ from mmproc.wire import (
     RequestSender,
     WireFeature,
     decode,
+    decode_request,
     encode,
     encode_request,
 )
 
 # Generous: only reached when something is broken, never a measure of speed.
 WAIT = 10.0
+
+
+def address(buffer: Any) -> int:
+    """Address of the first byte of a buffer (bytes, memoryview, zmq.Frame)."""
+    return int(np.frombuffer(buffer, dtype=np.uint8).ctypes.data)
 
 
 @pytest.fixture
@@ -106,6 +113,98 @@ def test_receive_side_decodes_over_zmq_frames_without_copy(
         assert torch.equal(received, pixels)
     finally:
         pull.close(linger=0)
+
+
+class RecordingSocket:
+    """Wraps a sender's socket and records how each frame was handed to ZMQ."""
+
+    def __init__(self, socket: zmq.Socket) -> None:
+        self.socket = socket
+        self.sends: list[tuple[Any, bool, bool]] = []  # (frame, copy, track)
+
+    def send(self, frame: Any, flags: int = 0, copy: bool = True, track: bool = False) -> Any:
+        self.sends.append((frame, copy, track))
+        return self.socket.send(frame, flags, copy=copy, track=track)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.socket, name)
+
+
+def test_small_frames_are_copied_and_large_tensor_frames_sent_zero_copy_and_tracked(
+    ipc_address: str,
+) -> None:
+    big = torch.randn(512, 1024)  # 2 MiB: over pyzmq's copy threshold
+    small = torch.randn(16, 16)  # 1 KiB: an aux frame, but under the copy threshold
+    feature = make_request().features[0]
+    data = {"pixel_values": big, "image_grid_thw": torch.tensor([1, 8, 8]), "small": small}
+    request = EngineRequest(
+        "mixed", [1, 2, 3, 4], [WireFeature("image", 0, "abc", 1, 2, None, data, feature.norm)]
+    )
+    with RequestReceiver(ipc_address) as receiver, RequestSender(ipc_address) as sender:
+        recorder = RecordingSocket(sender._socket)
+        sender._socket = recorder  # type: ignore[assignment]
+        tracker = sender.send(request, timeout=WAIT)
+        body, pixels, little = recorder.sends  # the grid is inline: three frames
+        assert isinstance(body[0], bytes) and body[1:] == (True, False)
+        assert pixels[1:] == (False, True)  # zero-copy, tracked
+        assert address(pixels[0]) == big.data_ptr()  # the frame is the tensor's own memory
+        assert little[1:] == (True, False)  # copied, as pyzmq would anyway; nothing to track
+        got = receiver.recv(timeout=WAIT)
+        assert got is not None
+        assert torch.equal(got.features[0].data["pixel_values"], big)
+        assert torch.equal(got.features[0].data["small"], small)
+        tracker.wait(WAIT)
+        assert sender.flush(WAIT) and sender.pending == 0
+        sender._socket = recorder.socket
+
+
+def test_a_request_of_small_frames_is_done_at_once(ipc_address: str) -> None:
+    request = make_request("small", torch.randn(16, 16))  # every frame under 64 KiB
+    with RequestReceiver(ipc_address) as receiver, RequestSender(ipc_address) as sender:
+        tracker = sender.send(request, timeout=WAIT)
+        assert tracker.done and sender.pending == 0  # copied into ZMQ: free to modify
+        got = receiver.recv(timeout=WAIT)
+        assert got is not None and torch.equal(
+            got.features[0].data["pixel_values"], request.features[0].data["pixel_values"]
+        )
+
+
+def test_a_large_body_goes_without_copy_and_is_not_tracked(ipc_address: str) -> None:
+    ids = list(range(100_000))  # a msgpack body of ~300 KiB, no tensors
+    with RequestReceiver(ipc_address) as receiver, RequestSender(ipc_address) as sender:
+        recorder = RecordingSocket(sender._socket)
+        sender._socket = recorder  # type: ignore[assignment]
+        tracker = sender.send(EngineRequest("long", ids), timeout=WAIT)
+        ((body, copy, track),) = recorder.sends
+        assert len(body) > zmq.COPY_THRESHOLD and (copy, track) == (False, False)
+        assert tracker.done and sender.pending == 0  # the body is immutable bytes
+        got = receiver.recv(timeout=WAIT)
+        assert got is not None and got.prompt_token_ids == ids
+        sender._socket = recorder.socket
+
+
+def test_receiver_decodes_tensors_as_views_over_the_received_frames(
+    ipc_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mmproc.wire.transport as transport
+
+    received: list[Any] = []
+
+    def keep_frames(frames: Any, **kwargs: Any) -> EngineRequest:
+        received.append(frames)
+        return decode_request(frames, **kwargs)
+
+    monkeypatch.setattr(transport, "decode_request", keep_frames)
+    pixels = torch.randn(256, 1024)
+    with RequestReceiver(ipc_address) as receiver, RequestSender(ipc_address) as sender:
+        sender.send(make_request("view", pixels), timeout=WAIT)
+        got = receiver.recv(timeout=WAIT)
+        assert got is not None
+        (frames,) = received
+        assert all(isinstance(frame, zmq.Frame) for frame in frames)
+        decoded = got.features[0].data["pixel_values"]
+        assert decoded.data_ptr() == address(frames[1])  # no copy on the receiving side
+        assert torch.equal(decoded, pixels)
 
 
 def test_sender_keeps_tensors_alive_until_zmq_is_done(ipc_address: str) -> None:

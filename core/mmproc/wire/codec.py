@@ -161,6 +161,16 @@ def _short(value: object) -> str:
     return _REPR.repr(value)
 
 
+def _ext_raw_view(data: bytes) -> msgpack.ExtType:
+    """``msgpack.ExtType(EXT_RAW_VIEW, data)``, built as the namedtuple it is without the
+    argument checks of its constructor (the code is a constant, ``data`` always bytes): three
+    times cheaper, and one is built per small tensor."""
+    return _tuple_new(msgpack.ExtType, (EXT_RAW_VIEW, data))
+
+
+_tuple_new: Final = tuple.__new__
+
+
 # --- encoding -----------------------------------------------------------------------------------
 
 
@@ -192,6 +202,8 @@ class _Encoder:
         """Encode one value found at ``path`` of a structure the caller lays out itself (the
         request schema does, to skip walking fields it has validated already)."""
         try:
+            if type(obj) is torch.Tensor:  # the schema's tensors: skip the dispatch
+                return self._tensor(obj, len(path))
             return self.walk(obj, len(path))
         except _Fault as fault:
             fault.path.extend(reversed(path))
@@ -259,16 +271,21 @@ class _Encoder:
         if encoding is None:
             raise _Fault(f"torch dtype {tensor.dtype} cannot go on the wire")
         name, view_as = encoding
-        # Fast path for the common case (CPU, dense, contiguous, no autograd): `.numpy()` and the
-        # byte cast refuse everything else, and only then is the tensor examined in detail.
+        # Fast path for the common case (CPU, dense, no autograd): `.numpy()` refuses everything
+        # else, and only then is the tensor examined in detail.
         try:
             array = (tensor if view_as is None else tensor.view(view_as)).numpy()
-            view = memoryview(array).cast("B") if array.nbytes else memoryview(b"")
         except (RuntimeError, TypeError, ValueError):
             array = self._host_array(tensor, view_as)
-            view = memoryview(array).cast("B") if array.nbytes else memoryview(b"")
+        nbytes = array.nbytes
+        if nbytes < self.threshold:
+            # Small: one copy into the body is cheaper than a frame of its own. tobytes() writes
+            # C order whatever the strides, so a non-contiguous view needs no detour here.
+            return [name, array.shape, _ext_raw_view(array.tobytes())]
+        if not array.flags.c_contiguous:  # strided: the one copy such a tensor costs
+            array = self._host_array(tensor, view_as)
         # The shape goes as the numpy tuple: msgpack writes tuples as arrays.
-        return [name, array.shape, self._data(view)]
+        return [name, array.shape, self._frame(array)]
 
     @staticmethod
     def _host_array(tensor: torch.Tensor, view_as: torch.dtype | None) -> np.ndarray:
@@ -295,18 +312,19 @@ class _Encoder:
                 f"numpy dtype {dtype} cannot go on the wire: only bool, integer, float and "
                 "complex arrays have a plain binary layout (object arrays would need pickle)"
             )
+        if array.nbytes < self.threshold:
+            # Small: inline, C-order bytes whatever the strides.
+            return [dtype.str, array.shape, _ext_raw_view(array.tobytes())]
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)  # the one copy a non-contiguous array costs
-        # memoryview.cast refuses shapes with a zero in them; an empty array has no bytes anyway.
-        view = memoryview(array).cast("B") if array.nbytes else memoryview(b"")
-        return [dtype.str, array.shape, self._data(view)]
+        return [dtype.str, array.shape, self._frame(array)]
 
-    def _data(self, view: memoryview) -> msgpack.ExtType | int:
-        """Inline ext 3 below the threshold, else the index of a new aux frame."""
-        if view.nbytes < self.threshold:
-            # Small: one copy into the body is cheaper than a frame of its own.
-            return msgpack.ExtType(EXT_RAW_VIEW, view.tobytes())
-        self.frames.append(view)  # the view keeps the tensor's memory alive
+    def _frame(self, array: np.ndarray) -> int:
+        """Append a C-contiguous array's bytes as an aux frame; its index. The frame is a view of
+        the array's (the tensor's) memory and keeps it alive: nothing is copied."""
+        # memoryview.cast refuses shapes with a zero in them; an empty array has no bytes anyway
+        # (it gets here only with threshold 0).
+        self.frames.append(memoryview(array).cast("B") if array.nbytes else memoryview(b""))
         return len(self.frames) - 1
 
     def _other(self, obj: Any, depth: int) -> Any:
@@ -510,21 +528,21 @@ class _Decoder:
 
     def tensor(self, obj: Any, path: tuple[str | int, ...]) -> Any:
         """Like `value`, for a place that must hold a tensor (or array)."""
-        if (
-            type(obj) is not list
-            or len(obj) != 3
-            or type(obj[0]) is not str
-            or type(obj[1]) is not list
-            or not (type(obj[2]) is _Inline or type(obj[2]) is int)
-        ):
-            fault = _Fault(f"expected a tensor [dtype, shape, data], got {_short(obj)}")
-            fault.path.extend(reversed(path))
-            raise fault
-        try:
-            return self._tensor(obj[0], obj[1], obj[2], len(path) + 1)
-        except _Fault as fault:
-            fault.path.extend(reversed(path))
-            raise
+        if type(obj) is list and len(obj) == 3:
+            name, shape, data = obj
+            if (
+                type(name) is str
+                and type(shape) is list
+                and (type(data) is int or type(data) is _Inline)
+            ):
+                try:
+                    return self._tensor(name, shape, data, len(path) + 1)
+                except _Fault as fault:
+                    fault.path.extend(reversed(path))
+                    raise
+        fault = _Fault(f"expected a tensor [dtype, shape, data], got {_short(obj)}")
+        fault.path.extend(reversed(path))
+        raise fault
 
     def walk(self, obj: Any, depth: int) -> Any:
         """Check ``obj`` (nested ``depth`` containers deep) and build the tensors in it."""
@@ -583,8 +601,9 @@ class _Decoder:
             raise _Fault(f"tensor dtype {_short(name)} is {known}")
         if len(shape) > self.max_ndim:
             raise _Fault(f"tensor has {len(shape)} dimensions, more than {self.max_ndim}")
+        itemsize = spec.itemsize
         numel = 1
-        extent = spec.itemsize
+        extent = itemsize
         for dim in shape:
             if type(dim) is not int or dim < 0:
                 raise _Fault(f"tensor shape {_short(shape)} has a dimension {_short(dim)}")
@@ -595,35 +614,47 @@ class _Decoder:
                     raise _Fault(f"tensor shape {_short(shape)} is too large to represent")
         if type(data) is _Inline:
             buffer: bytes | memoryview = data.data
-            source = "its inline bytes"
         else:
-            if not 0 < data < len(self.frames):
+            frames = self.frames
+            if not 0 < data < len(frames):
                 raise _Fault(
                     f"tensor refers to frame {data}, but the message has frames 1.."
-                    f"{len(self.frames) - 1} for tensor data"
+                    f"{len(frames) - 1} for tensor data"
                 )
-            if self.used[data]:
+            used = self.used
+            if used[data]:
                 raise _Fault(f"frame {data} is referenced by more than one tensor")
-            self.used[data] = 1
-            buffer = self.frames[data]
-            source = f"frame {data}"
+            used[data] = 1
+            buffer = frames[data]
         nbytes = len(buffer)
-        if numel * spec.itemsize != nbytes:
+        if numel * itemsize != nbytes:
+            source = "its inline bytes" if type(data) is _Inline else f"frame {data}"
             raise _Fault(
-                f"tensor {name} {shape} needs {numel * spec.itemsize} bytes but {source} "
-                f"holds {nbytes}"
+                f"tensor {name} {shape} needs {numel * itemsize} bytes but {source} holds {nbytes}"
             )
         # A bool byte other than 0 or 1 is no value torch or numpy define. Bool tensors are small
-        # (masks such as is_embed), so checking them costs next to nothing.
-        if spec.boolean and nbytes and np.frombuffer(buffer, dtype=np.uint8).max() > 1:
-            raise _Fault(f"tensor {name} {shape} holds bytes other than 0 and 1")
+        # (masks such as is_embed), so checking them costs next to nothing: inline bytes with one
+        # C-level pass (translate leaves nothing when every byte is 0 or 1), frames with numpy.
+        if spec.boolean and nbytes:
+            if type(buffer) is bytes:
+                bad = len(buffer.translate(None, b"\x00\x01")) > 0
+            else:
+                bad = np.frombuffer(buffer, dtype=np.uint8).max() > 1
+            if bad:
+                raise _Fault(f"tensor {name} {shape} holds bytes other than 0 and 1")
         try:
-            if spec.torch_dtype is not None:
+            torch_dtype = spec.torch_dtype
+            if torch_dtype is not None:
                 if nbytes == 0:  # torch.frombuffer refuses empty buffers; nothing to share
-                    return torch.empty(shape, dtype=spec.torch_dtype)
-                flat = _frombuffer(buffer, spec.torch_dtype)
+                    return torch.empty(shape, dtype=torch_dtype)
+                if _readonly_warning_spent:
+                    flat = torch.frombuffer(buffer, dtype=torch_dtype)
+                else:
+                    flat = _frombuffer(buffer, torch_dtype)
                 # view(*dims) is the cheapest reshape torch offers (a list argument costs more).
-                return flat if len(shape) == 1 else flat.view(*shape) if shape else flat.view(())
+                if len(shape) == 1:
+                    return flat
+                return flat.view(*shape) if shape else flat.view(())
             array = np.frombuffer(buffer, dtype=spec.numpy_dtype).reshape(shape)
         except (RuntimeError, ValueError, TypeError) as exc:
             # Unreachable after the checks above; kept so a torch/numpy surprise is still a
@@ -698,18 +729,32 @@ def decode_tree(
     if limits is None:
         limits = DEFAULT_LIMITS
     views = _frame_views(frames, limits)
-    count = _container_budget(limits.max_containers)
+    body = views[0]
     try:
-        tree = msgpack.unpackb(
-            views[0],
-            use_list=True,
-            raw=False,
-            strict_map_key=True,
-            timestamp=0,
-            ext_hook=_ext_hook,
-            list_hook=count,
-            object_hook=count,
-        )
+        if body.nbytes <= limits.max_containers:
+            # Every array and map takes at least one byte of the body, so a body this small
+            # cannot hold more than max_containers of them: the counting hooks (one Python call
+            # per container) would never fire, and are left out.
+            tree = msgpack.unpackb(
+                body,
+                use_list=True,
+                raw=False,
+                strict_map_key=True,
+                timestamp=0,
+                ext_hook=_ext_hook,
+            )
+        else:
+            count = _container_budget(limits.max_containers)
+            tree = msgpack.unpackb(
+                body,
+                use_list=True,
+                raw=False,
+                strict_map_key=True,
+                timestamp=0,
+                ext_hook=_ext_hook,
+                list_hook=count,
+                object_hook=count,
+            )
     except DecodeError:
         raise
     except Exception as exc:

@@ -4,10 +4,13 @@ A PUSH socket on the front end, a PULL socket on the engine, ``ipc://`` or ``tcp
 is one multipart message: frame 0 the msgpack body, then one frame per large tensor. The sender
 hands ZMQ the tensors' own memory (``copy=False``, tracked): nothing is copied in Python, the
 frames keep the tensors alive until ZMQ has written them out, and `RequestSender.send` returns a
-``zmq.MessageTracker`` that says when the tensors may be modified again. (pyzmq still copies
-frames under its ``copy_threshold``, 64 KiB by default, because for those a copy is cheaper than the
-bookkeeping; their tracker is done at once.) The receiver takes frames without copying and decodes
-tensors as read-only views over them.
+``zmq.MessageTracker`` that says when the tensors may be modified again. Frames under pyzmq's
+``copy_threshold`` (64 KiB by default) are copied into ZMQ instead, as pyzmq would do anyway, since
+for those a copy is cheaper than zero-copy bookkeeping; the sender asks for that copy directly and
+tracks nothing for them, so a request made only of such frames gets a tracker that is done at
+once. Frame 0 is never tracked: it is a ``bytes`` object of the message's own that nothing else
+can modify (a large one still goes without a copy). The receiver takes frames without copying and
+decodes tensors as read-only views over them.
 
 Queues are bounded by high-water marks (messages): a sender blocks (or times out) when the engine
 falls behind, instead of buffering without limit. The receiver is the engine's attack surface: a
@@ -50,6 +53,9 @@ _SCHEMES: Final = ("ipc://", "tcp://")
 # after that one in this many (with the running count).
 _LOG_FIRST: Final = 100
 _LOG_EVERY: Final = 1000
+
+# What `RequestSender.send` returns for a message ZMQ copied whole: done from the start.
+_DONE: Final = zmq.MessageTracker()
 
 
 def _check_address(address: str) -> None:
@@ -188,7 +194,7 @@ class RequestSender(_Endpoint):
 
     @property
     def pending(self) -> int:
-        """Messages whose zero-copy frames ZMQ has not released yet."""
+        """Messages whose tensor frames (zero-copy views) ZMQ has not released yet."""
         with self._lock:
             self._prune()
             return len(self._pending)
@@ -209,23 +215,35 @@ class RequestSender(_Endpoint):
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"RequestSender for {self._address} is closed")
-            self._prune()
-            if timeout is not None and not self._socket.poll(_milliseconds(timeout), zmq.POLLOUT):
+            socket = self._socket
+            if self._pending:
+                self._prune()
+            if timeout is not None and not socket.poll(_milliseconds(timeout), zmq.POLLOUT):
                 raise TimeoutError(
                     f"no engine at {self._address} accepted the request within {timeout} s "
                     "(none connected, or its queue is full)"
                 )
-            trackers = []
+            # Below pyzmq's copy threshold a frame is copied whatever it is asked (a copy is
+            # cheaper than the bookkeeping of a zero-copy frame), so ask for exactly that and skip
+            # the tracking. Frame 0, the msgpack body, is a bytes object of this message alone:
+            # it goes zero-copy when large, but nobody can modify it, so it is never tracked.
+            # Only aux frames at or over the threshold, views of live tensors, are tracked.
+            copy_below = socket.copy_threshold
             last = len(frames) - 1
+            trackers: list[zmq.MessageTracker] = []
             for index, frame in enumerate(frames):
                 # ZMQ delivers multipart messages atomically: once the first part is queued the
                 # others are accepted too, so only the first send can block.
-                trackers.append(
-                    self._socket.send(
-                        frame, zmq.SNDMORE if index < last else 0, copy=False, track=True
-                    )
-                )
-            tracker = zmq.MessageTracker(*trackers)
+                flags = zmq.SNDMORE if index < last else 0
+                if len(frame) < copy_below:
+                    socket.send(frame, flags)
+                elif index == 0:
+                    socket.send(frame, flags, copy=False)
+                else:
+                    trackers.append(socket.send(frame, flags, copy=False, track=True))
+            if not trackers:
+                return _DONE
+            tracker = trackers[0] if len(trackers) == 1 else zmq.MessageTracker(*trackers)
             if not tracker.done:
                 self._pending.append((tracker, frames))
             return tracker
@@ -236,8 +254,8 @@ class RequestSender(_Endpoint):
             pending.popleft()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until ZMQ has released every frame sent so far; False if ``timeout`` (seconds)
-        ran out first."""
+        """Wait until ZMQ has released every tensor frame sent so far (every frame that views a
+        tensor's memory); False if ``timeout`` (seconds) ran out first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             trackers = [tracker for tracker, _ in self._pending]
@@ -347,9 +365,11 @@ class RequestReceiver(_Endpoint):
         frames = [first]
         total = len(first)
         fault: str | None = None
-        while self._socket.rcvmore:
+        more = first.more  # set by recv(copy=False): cheaper than asking the socket
+        while more:
             # The rest of a multipart message is already here: ZMQ delivers it atomically.
             frame = self._socket.recv(copy=False)
+            more = frame.more
             if fault is not None:
                 continue
             frames.append(frame)
