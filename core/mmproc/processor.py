@@ -216,6 +216,7 @@ class Processor:
         self._processor_config = _processor_config(ctx.model_path)
         self._state_lock = threading.Lock()
         self._placeholder_ids_cache: dict[str, list[int]] | None = None
+        self._context_digest({}, self._device_normalize)  # options unfit for a cache key fail here
         self._io_pool = create_io_pool(options.get("io_workers"))
         # Async requests are prepared (parsed, hashed, looked up) here, off the event loop; its
         # threads mostly wait for the IO pool, so the same count of them is plenty.
@@ -459,7 +460,10 @@ class Processor:
         if cached is None:
             cached = {}
             for modality in MODALITIES:
-                text = self.model.get_dummy_text(self.ctx, {modality: 1})
+                try:
+                    text = self.model.get_dummy_text(self.ctx, {modality: 1})
+                except Exception:
+                    continue  # a model may refuse (or say nothing for) a modality it lacks
                 if text:
                     cached[modality] = list(tokenizer.encode(text, add_special_tokens=False))
             self._placeholder_ids_cache = cached
