@@ -6,7 +6,9 @@ Prints, for a Qwen2-VL folder (the real preprocessor settings) and one image per
   path (``device_normalize=False``), and of mmproc's uint8 path (``device_normalize=True``; on the
   PIL backend this is the qwen_vl plugin's native fast path), cache off, for both backends;
 * a cache hit against a miss for the same request;
-* bytes of pixels per image on the wire.
+* bytes of pixels per image on the wire;
+* requests/s through a Processor with 1 and 2 workers (device normalisation on, so the PIL
+  backend takes the qwen_vl plugin's uint8 path).
 
 Times are the best of ``--repeat`` runs of CPU time on the calling thread's process (the work runs
 on one pool worker), so the other core's load disturbs them less than wall time. Run:
@@ -58,6 +60,22 @@ def measure(float_path, uint8_path, image: Image.Image, repeat: int) -> tuple[fl
     f32_mib = pixels.numel() * 4 / 2**20
     wire_mib = pixels.numel() * pixels.element_size() / 2**20
     return direct, mm_float, mm_uint8, f32_mib, wire_mib
+
+
+def throughput(folder: Path, backend: str, workers: int, images: list, rounds: int) -> float:
+    """Best requests/s of 32 one-image requests sent from 8 threads through a Processor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    best = 0.0
+    with get_processor(folder, backend=backend, workers=workers, cache_bytes=0, warm_up=True) as p:
+        for _ in range(rounds):
+            with ThreadPoolExecutor(8) as callers:
+                start = time.perf_counter()
+                list(
+                    callers.map(lambda i: p.process(PROMPT, {"image": [images[i % 8]]}), range(32))
+                )
+                best = max(best, 32 / (time.perf_counter() - start))
+    return best
 
 
 def main() -> None:
@@ -112,6 +130,15 @@ def main() -> None:
             f"(median miss {statistics.median(misses) * 1e3:.2f} ms, "
             f"median hit {statistics.median(hits) * 1e3:.2f} ms, wall time)"
         )
+
+        print()
+        print("End to end through Processor: 32 requests (1024x768) from 8 threads, cache off")
+        print(f"{'backend':<12} {'1 worker req/s':>14} {'2 workers req/s':>15} {'ratio':>6}")
+        images = [photo(1024, 768, seed=200 + i) for i in range(8)]
+        for backend in ("pil", "torchvision"):
+            one = throughput(folder, backend, 1, images, max(args.repeat // 2, 1))
+            two = throughput(folder, backend, 2, images, max(args.repeat // 2, 1))
+            print(f"{backend:<12} {one:>14.1f} {two:>15.1f} {two / one:>5.2f}x")
 
 
 if __name__ == "__main__":
