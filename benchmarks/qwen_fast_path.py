@@ -1,19 +1,27 @@
-"""Qwen2-VL image preprocessing on the CPU: transformers' PIL backend against the uint8 fast path.
+"""Qwen2-VL image preprocessing on the CPU: transformers against mmproc's uint8 fast paths.
 
-Rows per image size:
+Rows per image size, PIL backend:
 
 - ``hf full``: ``Qwen2VLImageProcessorPil`` as loaded from a Qwen2-VL folder (resize, rescale,
   normalise, patchify; float32 out) -- what an engine runs without device normalisation;
 - ``hf raw``: the same with ``do_rescale=False, do_normalize=False`` (still float32 inside);
 - ``fast uint8``: ``mmproc_qwen_vl.image_fast_path.patchify_uint8`` (same Pillow resize, uint8
   patchify);
-- ``hf torchvision``: for reference, the default (torchvision) backend on the CPU, full path; its
-  resize differs from Pillow's, so its values are not comparable bit for bit.
+
+and torchvision backend (``Qwen2VLImageProcessor``, the default; its resize differs from
+Pillow's, so these values are not comparable with the rows above bit for bit), called with
+``device="cpu"`` as mmproc calls it:
+
+- ``tv full``: resize, rescale, normalise, patchify; float32 out;
+- ``tv raw``: ``do_rescale=False, do_normalize=False``; uint8 out;
+- ``tv native``: ``mmproc_qwen_vl.torch_fast_path.patchify_uint8_torch`` (same torchvision resize
+  on the same uint8 tensor, uint8 patchify).
 
 Times are per image, the minimum over ``--repeats`` runs (CPU time of this process and wall time),
-single-threaded torch. ``vs fast`` is a row's CPU time over the fast path's. The last columns
-check the fast path: bit-identical to ``hf raw`` cast to uint8, and the largest difference between
-``FusedInputNorm`` applied to its uint8 patches and ``hf full``'s float32 values.
+single-threaded torch. ``vs fast`` is a row's CPU time over its backend's fast path (``fast
+uint8`` or ``tv native``). The last columns check each fast path: bit-identical to its ``raw``
+row (cast to uint8), and the largest difference between ``FusedInputNorm`` applied to its uint8
+patches and its ``full`` row's float32 values.
 ``--pillow-blocks N`` lets Pillow reuse freed image memory, in every path alike (it saves the page
 faults of the fresh images each resize allocates).
 
@@ -34,6 +42,7 @@ import torch
 from mmproc.fused_norm import ChannelLayout, FusedInputNorm, NormSpec
 from mmproc.testing import write_qwen2_vl_folder
 from mmproc_qwen_vl.image_fast_path import patch_settings_from_processor, patchify_uint8
+from mmproc_qwen_vl.torch_fast_path import patchify_uint8_torch, torch_patch_settings
 from PIL import Image
 from transformers import AutoImageProcessor
 
@@ -78,17 +87,43 @@ def report(
     identical = np.array_equal(fast, raw.astype(np.uint8)) and np.array_equal(fast, raw)
     diff = float((norm(torch.from_numpy(fast)) - torch.from_numpy(full)).abs().max())
 
-    rows = [
-        ("hf full", lambda: pil(image)),
-        ("hf raw", lambda: pil(image, do_rescale=False, do_normalize=False)),
-        ("hf torchvision", lambda: tv(image)),
-        ("fast uint8", lambda: patchify_uint8(image, **settings)),
+    tv_settings = torch_patch_settings(tv)
+    tv_full = tv(image, device="cpu")["pixel_values"]
+    tv_raw = tv(image, device="cpu", do_rescale=False, do_normalize=False)["pixel_values"]
+    tv_fast, _ = patchify_uint8_torch(image, **tv_settings)
+    tv_identical = tv_raw.dtype == torch.uint8 and torch.equal(tv_fast, tv_raw)
+    tv_diff = float((norm(tv_fast) - tv_full).abs().max())
+
+    groups = [
+        (
+            [
+                ("hf full", lambda: pil(image)),
+                ("hf raw", lambda: pil(image, do_rescale=False, do_normalize=False)),
+                ("fast uint8", lambda: patchify_uint8(image, **settings)),
+            ],
+            identical,
+            diff,
+        ),
+        (
+            [
+                ("tv full", lambda: tv(image, device="cpu")),
+                (
+                    "tv raw",
+                    lambda: tv(image, device="cpu", do_rescale=False, do_normalize=False),
+                ),
+                ("tv native", lambda: patchify_uint8_torch(image, **tv_settings)),
+            ],
+            tv_identical,
+            tv_diff,
+        ),
     ]
-    times = {name: measure(fn, repeats) for name, fn in rows}
-    fast_cpu = times["fast uint8"][0]
-    for name, (cpu, wall) in times.items():
-        checks = f" {identical!s:>14} {diff:>21.2e}" if name == "fast uint8" else ""
-        print(f"{size:>10} {name:<15} {cpu:>8.2f} {wall:>8.2f} {cpu / fast_cpu:>7.2f}x{checks}")
+    for rows, same, error in groups:
+        times = {name: measure(fn, repeats) for name, fn in rows}
+        fast_name = rows[-1][0]
+        fast_cpu = times[fast_name][0]
+        for name, (cpu, wall) in times.items():
+            checks = f" {same!s:>14} {error:>21.2e}" if name == fast_name else ""
+            print(f"{size:>10} {name:<15} {cpu:>8.2f} {wall:>8.2f} {cpu / fast_cpu:>7.2f}x{checks}")
 
 
 def main() -> None:

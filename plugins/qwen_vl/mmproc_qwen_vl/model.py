@@ -4,7 +4,8 @@ Images and videos become flattened patches (``pixel_values``, rows ``C*T*P*P``) 
 ``(t, h, w)`` grid per item; each ``<|image_pad|>`` / ``<|video_pad|>`` in the prompt expands to
 ``prod(grid) / merge_size**2`` copies of itself. With device normalisation on and the PIL
 backend, images take a native uint8 path (:mod:`mmproc_qwen_vl.image_fast_path`) that gives the
-very pixels transformers would, without ever making floats.
+very pixels transformers would, without ever making floats; the torchvision backend on the CPU
+has its own (:mod:`mmproc_qwen_vl.torch_fast_path`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from mmproc_qwen_vl.image_fast_path import (
     patchify_uint8,
 )
 from mmproc_qwen_vl.loading import load_qwen_processor
+from mmproc_qwen_vl.torch_fast_path import (
+    is_torchvision_backend,
+    patchify_uint8_torch,
+    torch_patch_settings,
+)
 
 __all__ = ["QwenVLModel", "num_image_tokens"]
 
@@ -71,26 +77,39 @@ class QwenVLModel:
         processor: Any,
         hf_kwargs: Mapping[str, Any],
     ) -> Mapping[str, Any] | None:
-        """The uint8 fast path for images on the PIL backend; None lets the HF processor run."""
+        """The uint8 fast paths for images (PIL backend, torchvision on the CPU); None lets the HF
+        processor run."""
         images = mm_items.get("image", ())
-        fast = (
-            images
-            and set(mm_items) == {"image"}
-            and dict(hf_kwargs) == raw_pixel_kwargs()
-            and prompt == IMAGE_PLACEHOLDER * len(images)
-            and _is_pil_backend(processor.image_processor)
-        )
-        if not fast:
+        if not (
+            images and set(mm_items) == {"image"} and prompt == IMAGE_PLACEHOLDER * len(images)
+        ):
             return None
-        try:
-            settings = patch_settings_from_processor(processor.image_processor)
-        except ValueError:
-            return None  # settings the native path does not reproduce: transformers runs
-        pixels, grids = patchify_uint8(list(images), **settings)
-        return {
-            "pixel_values": torch.from_numpy(pixels),
-            "image_grid_thw": torch.from_numpy(grids).to(torch.long),
-        }
+        image_processor = processor.image_processor
+        kwargs = dict(hf_kwargs)
+        if kwargs == raw_pixel_kwargs() and _is_pil_backend(image_processor):
+            try:
+                settings = patch_settings_from_processor(image_processor)
+            except ValueError:
+                return None  # settings the native path does not reproduce: transformers runs
+            pixels, grids = patchify_uint8(list(images), **settings)
+            return {
+                "pixel_values": torch.from_numpy(pixels),
+                "image_grid_thw": torch.from_numpy(grids).to(torch.long),
+            }
+        # The core adds the device the torchvision backend runs on (fast_processor_kwargs).
+        device = kwargs.pop("device", None)
+        if (
+            kwargs == raw_pixel_kwargs()
+            and _is_cpu(device)
+            and is_torchvision_backend(image_processor)
+        ):
+            try:
+                torch_settings = torch_patch_settings(image_processor)
+            except ValueError:
+                return None
+            pixel_values, image_grid_thw = patchify_uint8_torch(list(images), **torch_settings)
+            return {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw}
+        return None
 
     @hookimpl
     def get_dummy_text(self, ctx: ModelContext, mm_counts: Mapping[str, int]) -> str:
@@ -158,6 +177,16 @@ def _grid_expansion(
         return [token_id] * (int(torch.as_tensor(outputs[index][grid_key]).prod()) // merge)
 
     return expand
+
+
+def _is_cpu(device: Any) -> bool:
+    """Whether ``device`` (a name or ``torch.device``) names the CPU; ``None`` does not."""
+    if not isinstance(device, str | torch.device):
+        return False
+    try:
+        return torch.device(device).type == "cpu"
+    except RuntimeError:
+        return False
 
 
 def _same_normalisation(a: Any, b: Any) -> bool:
