@@ -540,9 +540,9 @@ class _Decoder:
                 except _Fault as fault:
                     fault.path.extend(reversed(path))
                     raise
-        fault = _Fault(f"expected a tensor [dtype, shape, data], got {_short(obj)}")
-        fault.path.extend(reversed(path))
-        raise fault
+        error = _Fault(f"expected a tensor [dtype, shape, data], got {_short(obj)}")
+        error.path.extend(reversed(path))
+        raise error
 
     def walk(self, obj: Any, depth: int) -> Any:
         """Check ``obj`` (nested ``depth`` containers deep) and build the tensors in it."""
