@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +54,8 @@ from mmproc.placeholder_checks import (
     check_prompt,
     check_unused_placeholders,
 )
+from mmproc.processed import MultiModalFeature, ProcessedInputs
 from mmproc.prompt_update import (
-    PlaceholderRange,
     apply_prompt_updates,
     find_placeholder_ranges,
 )
@@ -63,9 +63,10 @@ from mmproc.prompt_update import (
 if TYPE_CHECKING:
     from mmproc.fused_norm import NormSpec
     from mmproc.model_hooks import ModelHooks
-    from mmproc.wire import EngineRequest
 
 __all__ = ["MultiModalFeature", "ProcessedInputs", "Processor", "get_processor", "tokenizer_of"]
+
+# The results live in their own module; they are re-exported here, where users meet them.
 
 logger = logging.getLogger("mmproc.processor")
 
@@ -82,68 +83,6 @@ _NON_OUTPUT_OPTIONS = frozenset(
 )
 # hf_kwargs a user may pass that decide whether pixels come out raw.
 _RAW_PIXEL_KEYS = frozenset({"do_rescale", "do_normalize"})
-
-
-@dataclass(frozen=True)
-class MultiModalFeature:
-    """One media item of a processed request.
-
-    ``data`` holds the item's own tensors (e.g. its pixel patches and grid), ``placeholder``
-    where its embeddings go in ``prompt_token_ids``, ``hash`` the content hash (the item, the
-    model and the options that shape the outputs). ``norm`` is set when the pixels named by it
-    are raw uint8 and the engine must normalise them (:class:`mmproc.fused_norm.FusedInputNorm`).
-    Tensors may be shared with the cache: treat them as read-only.
-    """
-
-    modality: str
-    item_index: int
-    hash: str
-    data: Mapping[str, Any]
-    placeholder: PlaceholderRange
-    norm: NormSpec | None = None
-
-
-@dataclass(frozen=True)
-class ProcessedInputs:
-    """What an engine core needs for one request."""
-
-    prompt_token_ids: list[int]
-    features: list[MultiModalFeature] = field(default_factory=list)
-
-    @property
-    def placeholders(self) -> dict[str, list[PlaceholderRange]]:
-        """Modality -> placeholder ranges in item order."""
-        result: dict[str, list[PlaceholderRange]] = {}
-        for feature in sorted(self.features, key=lambda f: (f.modality, f.item_index)):
-            result.setdefault(feature.modality, []).append(feature.placeholder)
-        return result
-
-    def to_engine_request(
-        self, request_id: str, params: Mapping[str, Any] | None = None
-    ) -> EngineRequest:
-        """This request in the wire schema, ready for :class:`mmproc.wire.RequestSender`."""
-        import torch
-
-        from mmproc.wire import EngineRequest, WireFeature
-
-        features = []
-        for feature in self.features:
-            mask = feature.placeholder.is_embed
-            features.append(
-                WireFeature(
-                    modality=feature.modality,
-                    item_index=feature.item_index,
-                    hash=feature.hash,
-                    offset=feature.placeholder.offset,
-                    length=feature.placeholder.length,
-                    is_embed=None if mask is None else torch.tensor(mask, dtype=torch.bool),
-                    # The wire carries host memory: outputs of a processor running on a GPU
-                    # (device="cuda") are copied back here; CPU tensors are not copied.
-                    data={k: torch.as_tensor(v).cpu() for k, v in feature.data.items()},
-                    norm=None if feature.norm is None else feature.norm.to_wire(),
-                )
-            )
-        return EngineRequest(request_id, list(self.prompt_token_ids), features, dict(params or {}))
 
 
 def tokenizer_of(processor: Any) -> Any:

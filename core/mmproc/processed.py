@@ -1,0 +1,77 @@
+"""What the pipeline hands an engine: prompt token ids and one feature per media item."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mmproc.prompt_update import PlaceholderRange
+
+if TYPE_CHECKING:
+    from mmproc.fused_norm import NormSpec
+    from mmproc.wire import EngineRequest
+
+__all__ = ["MultiModalFeature", "ProcessedInputs"]
+
+
+@dataclass(frozen=True)
+class MultiModalFeature:
+    """One media item of a processed request.
+
+    ``data`` holds the item's own tensors (e.g. its pixel patches and grid), ``placeholder``
+    where its embeddings go in ``prompt_token_ids``, ``hash`` the content hash (the item, the
+    model and the options that shape the outputs). ``norm`` is set when the pixels named by it
+    are raw uint8 and the engine must normalise them (:class:`mmproc.fused_norm.FusedInputNorm`).
+    Tensors may be shared with the cache: treat them as read-only.
+    """
+
+    modality: str
+    item_index: int
+    hash: str
+    data: Mapping[str, Any]
+    placeholder: PlaceholderRange
+    norm: NormSpec | None = None
+
+
+@dataclass(frozen=True)
+class ProcessedInputs:
+    """What an engine core needs for one request."""
+
+    prompt_token_ids: list[int]
+    features: list[MultiModalFeature] = field(default_factory=list)
+
+    @property
+    def placeholders(self) -> dict[str, list[PlaceholderRange]]:
+        """Modality -> placeholder ranges in item order."""
+        result: dict[str, list[PlaceholderRange]] = {}
+        for feature in sorted(self.features, key=lambda f: (f.modality, f.item_index)):
+            result.setdefault(feature.modality, []).append(feature.placeholder)
+        return result
+
+    def to_engine_request(
+        self, request_id: str, params: Mapping[str, Any] | None = None
+    ) -> EngineRequest:
+        """This request in the wire schema, ready for :class:`mmproc.wire.RequestSender`."""
+        import torch
+
+        from mmproc.wire import EngineRequest, WireFeature
+
+        features = []
+        for feature in self.features:
+            mask = feature.placeholder.is_embed
+            features.append(
+                WireFeature(
+                    modality=feature.modality,
+                    item_index=feature.item_index,
+                    hash=feature.hash,
+                    offset=feature.placeholder.offset,
+                    length=feature.placeholder.length,
+                    is_embed=None if mask is None else torch.tensor(mask, dtype=torch.bool),
+                    # The wire carries host memory: outputs of a processor running on a GPU
+                    # (device="cuda") are copied back here; CPU tensors are not copied.
+                    data={k: torch.as_tensor(v).cpu() for k, v in feature.data.items()},
+                    norm=None if feature.norm is None else feature.norm.to_wire(),
+                )
+            )
+        return EngineRequest(request_id, list(self.prompt_token_ids), features, dict(params or {}))
