@@ -38,6 +38,7 @@ __all__ = [
     "MAX_ASPECT_RATIO",
     "QWEN2_VL_PATCH_SETTINGS",
     "ImageSizeError",
+    "copy_patches",
     "image_token_count",
     "patch_settings_from_processor",
     "patchify_uint8",
@@ -285,6 +286,17 @@ def _write_patches(
     ordered = pixels.reshape(grid_h // m, m, p, grid_w // m, m, p, channels).transpose(
         0, 3, 1, 4, 6, 2, 5
     )
+    copy_patches(ordered, out, temporal_patch_size=t, patch_size=p)
+
+
+def copy_patches(
+    ordered: np.ndarray, out: np.ndarray, *, temporal_patch_size: int, patch_size: int
+) -> None:
+    """Write patch-ordered pixels ``(..., C, y, x)`` into ``out``, each frame ``T`` times.
+
+    Shared by both backends' native paths once their pixels are viewed in patch order.
+    """
+    t, p = temporal_patch_size, patch_size
     if t == 1:
         np.copyto(out.reshape(ordered.shape), ordered)
         return

@@ -44,7 +44,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mmproc_qwen_vl.image_fast_path import ImageSizeError, _rgb_pixels, _to_rgb, smart_resize
+from mmproc_qwen_vl.image_fast_path import (
+    ImageSizeError,
+    _rgb_pixels,
+    _to_rgb,
+    copy_patches,
+    smart_resize,
+)
 
 if TYPE_CHECKING:
     from torchvision.transforms.v2.functional import InterpolationMode
@@ -177,13 +183,7 @@ def _write_patches(
     ordered = src.reshape(channels, grid_h // m, m, p, grid_w // m, m, p).transpose(
         1, 4, 2, 5, 0, 3, 6
     )
-    if t == 1:
-        np.copyto(dst.reshape(ordered.shape), ordered)
-        return
-    # Gathering once into patch order and then repeating it with contiguous inner runs beats one
-    # strided copy into the T-times larger output (measured 5.6 vs 8.9 ms at 1932x1092 in torch).
-    gathered = np.ascontiguousarray(ordered).reshape(-1, 1, p * p)
-    np.copyto(dst.reshape(-1, t, p * p), gathered)
+    copy_patches(ordered, dst, temporal_patch_size=t, patch_size=p)
 
 
 def patchify_uint8_torch(
