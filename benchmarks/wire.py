@@ -7,7 +7,9 @@ For requests holding 1 or 4 tensors of 1 KiB .. 64 MiB it measures
 * the peak resident memory each of those adds (Linux: the kernel's high-water mark is reset
   before each measurement through /proc/self/clear_refs);
 * encode_request / decode_request of a whole `EngineRequest` (schema included);
-* an ipc:// round trip: RequestSender -> RequestReceiver (decode) -> 1-byte ack, next to the same
+* ipc:// round trips, each message sent -> decoded -> acked with one byte: the tensors alone
+  (encode / decode, as the reference measured) and a whole request (RequestSender ->
+  RequestReceiver), each next to the same
   frames sent as raw ZMQ multipart messages (copy=False, no encode/decode) and to a plain memcpy
   of the same bytes.
 
@@ -179,8 +181,9 @@ def make_request(tensors: list[torch.Tensor]) -> EngineRequest:
 
 
 def engine_main(workdir: str) -> None:
-    """The engine process: a RequestReceiver (mmproc) and a raw PULL socket, each acking what it
-    receives. A separate process, as an engine core is, so it shares no GIL with the sender."""
+    """The engine process: a RequestReceiver (mmproc requests), a PULL socket decoding codec
+    messages (`mmproc.wire.decode`) and a raw PULL socket, each acking what it receives. A separate
+    process, as an engine core is, so it shares no GIL with the sender."""
     context: zmq.Context[Any] = zmq.Context()
     ack_address = f"ipc://{workdir}/ack.sock"
 
@@ -193,7 +196,18 @@ def engine_main(workdir: str) -> None:
             ack.send(b"m")
             del got  # like the raw side, which drops its frames at once
 
-    threading.Thread(target=mmproc_engine, daemon=True).start()
+    def codec_engine() -> None:
+        ack = context.socket(zmq.PUSH)
+        ack.connect(ack_address)
+        pull = context.socket(zmq.PULL)
+        pull.bind(f"ipc://{workdir}/codec.sock")
+        ack.send(b"ready")
+        while True:
+            decode(pull.recv_multipart(copy=False), limits=BIG_LIMITS)
+            ack.send(b"c")
+
+    for target in (mmproc_engine, codec_engine):
+        threading.Thread(target=target, daemon=True).start()
     ack = context.socket(zmq.PUSH)
     ack.connect(ack_address)
     pull = context.socket(zmq.PULL)
@@ -204,10 +218,28 @@ def engine_main(workdir: str) -> None:
         ack.send(b"r")
 
 
+# Untimed trips before each timed batch of round trips.
+_TRIP_WARM_UP = 20
+
+
 @dataclass
 class RoundTrip:
-    mmproc_s: float
-    raw_s: float
+    request_s: float
+    """A whole EngineRequest: RequestSender.send -> RequestReceiver (decode_request) -> ack."""
+    request_raw_s: float
+    """The same request's frames, encoded beforehand, as raw multipart messages (no decode)."""
+    codec_s: float
+    """The tensors alone: encode -> send -> decode -> ack (what the reference measured)."""
+    codec_raw_s: float
+    """The codec's frames, encoded beforehand, as raw multipart messages (no decode)."""
+
+    @property
+    def request_ratio(self) -> float:
+        return self.request_s / self.request_raw_s
+
+    @property
+    def codec_ratio(self) -> float:
+        return self.codec_s / self.codec_raw_s
 
 
 class Engine:
@@ -221,49 +253,72 @@ class Engine:
             target=engine_main, args=(workdir,), daemon=True
         )
         self.process.start()
-        for _ in range(2):
+        for _ in range(3):
             if not self.ack.poll(120_000):
                 raise RuntimeError("the engine process did not start")
             self.ack.recv()
         self.sender = RequestSender(f"ipc://{workdir}/mmproc.sock", context=self.context)
         self.push = self.context.socket(zmq.PUSH)
         self.push.connect(f"ipc://{workdir}/raw.sock")
+        self.push_codec = self.context.socket(zmq.PUSH)
+        self.push_codec.connect(f"ipc://{workdir}/codec.sock")
 
-    def round_trips(self, request: EngineRequest, budget_s: float) -> RoundTrip:
-        """Seconds per request for send -> receive (+ decode) -> ack, mmproc vs the same frames
-        as raw ZMQ multipart messages. Batches of the two alternate, so that the load of a
-        shared machine falls on both alike; each figure is the median of its batches."""
-        frames = encode_request(request)  # the raw side's bytes, encoded once, untimed
+    def round_trips(
+        self, request: EngineRequest, tensors: list[torch.Tensor], budget_s: float
+    ) -> RoundTrip:
+        """Seconds per message for send -> receive (+ decode) -> ack: a whole request through
+        mmproc's sender and receiver, the tensors alone through encode / decode, and each one's
+        frames as raw ZMQ multipart messages. Batches of the four take turns in a rotating
+        order, so that the load of a shared machine falls on all alike; each figure is the
+        median of its batches."""
+        request_frames = encode_request(request)  # the raw sides' bytes, encoded once, untimed
+        codec_frames = encode(tensors)
 
-        def mmproc() -> None:
+        def request_trip() -> None:
             self.sender.send(request)
             self.ack.recv()
 
-        def raw() -> None:
-            self.push.send_multipart(frames, copy=False)
+        def request_raw() -> None:
+            self.push.send_multipart(request_frames, copy=False)
             self.ack.recv()
 
-        for warm in (mmproc, raw):
-            warm()
+        def codec_trip() -> None:
+            self.push_codec.send_multipart(encode(tensors), copy=False)
+            self.ack.recv()
+
+        def codec_raw() -> None:
+            self.push.send_multipart(codec_frames, copy=False)
+            self.ack.recv()
+
+        trips = [request_trip, request_raw, codec_trip, codec_raw]
+        # Batch size from a timed sample after a warm-up (a single trip would be dominated by
+        # its own wake-up latency): 7 rounds of the 4 kinds share the budget.
+        for trip in trips:
+            for _ in range(_TRIP_WARM_UP):
+                trip()
         start = time.perf_counter()
-        mmproc()
-        raw()
-        per_batch = max(1, int(budget_s / 14 / max(time.perf_counter() - start, 1e-6)))
-        timings: dict[Callable[[], None], list[float]] = {mmproc: [], raw: []}
+        for trip in trips:
+            for _ in range(_TRIP_WARM_UP):
+                trip()
+        per_trip = max((time.perf_counter() - start) / (4 * _TRIP_WARM_UP), 1e-6)
+        per_batch = max(10, int(budget_s / 28 / per_trip))
+        timings: dict[Callable[[], None], list[float]] = {trip: [] for trip in trips}
         for round_ in range(7):
-            order = (mmproc, raw) if round_ % 2 == 0 else (raw, mmproc)
-            for fn in order:
+            for trip in trips[round_ % 4 :] + trips[: round_ % 4]:
+                for _ in range(_TRIP_WARM_UP):
+                    trip()  # untimed: the first trips after a switch of socket run cold
                 start = time.perf_counter()
                 for _ in range(per_batch):
-                    fn()
-                timings[fn].append((time.perf_counter() - start) / per_batch)
-        return RoundTrip(statistics.median(timings[mmproc]), statistics.median(timings[raw]))
+                    trip()
+                timings[trip].append((time.perf_counter() - start) / per_batch)
+        return RoundTrip(*(statistics.median(timings[trip]) for trip in trips))
 
     def close(self) -> None:
         self.process.terminate()
         self.process.join()
         self.sender.close()
         self.push.close(linger=0)
+        self.push_codec.close(linger=0)
         self.ack.close(linger=0)
         self.context.term()
 
@@ -312,7 +367,7 @@ def measure(nbytes: int, count: int, budget_s: float, engine: Engine, quiet_s: f
         rss_dec_inline=added_peak_mib(lambda: decode(inline_frames, limits=BIG_LIMITS)),
         enc_request=time_per_call(lambda: encode_request(request), budget_s=budget_s),
         dec_request=time_per_call(lambda: decode_request(request_frames), budget_s=budget_s),
-        trip=_after_quiet(quiet_s, lambda: engine.round_trips(request, budget_s)),
+        trip=_after_quiet(quiet_s, lambda: engine.round_trips(request, tensors, 4 * budget_s)),
         memcpy=memcpy_seconds(total),
     )
     return row
@@ -355,23 +410,30 @@ def print_tables(rows: list[Row]) -> None:
             f"{_mib(row.rss_dec_aux):>8} {_mib(row.rss_dec_inline):>8}"
         )
     print(
-        "\nWhole EngineRequest (schema, 64 tokens) and the ipc:// round trip "
-        "(send -> decode -> ack); MB/s of tensor bytes"
+        "\nipc:// round trips (send -> decode -> ack), us per message, each next to its own frames "
+        "sent as raw ZMQ messages; MB/s of tensor bytes"
     )
     head = (
-        f"{'tensors':>12} | {'enc req us':>10} {'dec req us':>10} | {'RTT mmproc':>11} "
-        f"{'RTT raw':>9} {'ratio':>6} | {'mmproc MB/s':>11} {'raw MB/s':>9} {'memcpy MB/s':>11}"
+        f"{'tensors':>12} | {'codec':>9} {'raw':>9} {'ratio':>6} | {'enc req':>8} "
+        f"{'dec req':>8} {'request':>9} {'raw':>9} {'ratio':>6} | {'request MB/s':>12} "
+        f"{'raw MB/s':>9} {'memcpy MB/s':>11}"
     )
     print(head)
     print("-" * len(head))
     for row in rows:
         total = row.nbytes * row.count
+        trip = row.trip
         print(
-            f"{row.count} x {_size(row.nbytes):>7} | {_us(row.enc_request):>10} "
-            f"{_us(row.dec_request):>10} | {_us(row.trip.mmproc_s):>11} {_us(row.trip.raw_s):>9} "
-            f"{row.trip.mmproc_s / row.trip.raw_s:>6.2f} | {_mbps(total, row.trip.mmproc_s):>11} "
-            f"{_mbps(total, row.trip.raw_s):>9} {_mbps(total, row.memcpy):>11}"
+            f"{row.count} x {_size(row.nbytes):>7} | {_us(trip.codec_s):>9} "
+            f"{_us(trip.codec_raw_s):>9} {trip.codec_ratio:>6.2f} | {_us(row.enc_request):>8} "
+            f"{_us(row.dec_request):>8} {_us(trip.request_s):>9} {_us(trip.request_raw_s):>9} "
+            f"{trip.request_ratio:>6.2f} | {_mbps(total, trip.request_s):>12} "
+            f"{_mbps(total, trip.request_raw_s):>9} {_mbps(total, row.memcpy):>11}"
         )
+    print(
+        "  codec: the tensors alone, encode() -> decode(), as the reference measured; request: a "
+        "whole EngineRequest (schema, 64 tokens)\n  through RequestSender -> RequestReceiver."
+    )
 
 
 def print_verdict(rows: list[Row]) -> None:
@@ -382,10 +444,8 @@ def print_verdict(rows: list[Row]) -> None:
         value for row in rows for value in (row.rss_enc_aux, row.rss_dec_aux) if value is not None
     ]
 
-    def ratios(keep: Callable[[int], bool]) -> str:
-        picked = [
-            row.trip.mmproc_s / row.trip.raw_s for row in rows if keep(row.nbytes * row.count)
-        ]
+    def ratios(ratio: Callable[[RoundTrip], float], keep: Callable[[int], bool]) -> str:
+        picked = [ratio(row.trip) for row in rows if keep(row.nbytes * row.count)]
         return f"{min(picked):.2f}..{max(picked):.2f}" if picked else "-"
 
     print("\nAgainst the targets (codec figures: 1 tensor per request):")
@@ -400,11 +460,15 @@ def print_verdict(rows: list[Row]) -> None:
     )
     if rss:
         print(f"  added peak RSS with aux frames: at most {max(rss):.1f} MiB (target: none)")
-    print(
-        f"  ipc round trip / raw ZMQ frames (target <= 1.25): {ratios(lambda n: n >= 16 * MIB)} "
-        f"for requests of 16 MiB and more, {ratios(lambda n: n < 16 * MIB)} below, where the "
-        "fixed Python cost per request (encode + decode + schema checks) is a larger share"
-    )
+    for what, ratio in (
+        ("codec (tensors alone)", lambda trip: trip.codec_ratio),
+        ("whole request", lambda trip: trip.request_ratio),
+    ):
+        print(
+            f"  ipc round trip / raw ZMQ frames, {what} (target <= 1.25): "
+            f"{ratios(ratio, lambda n: n >= 16 * MIB)} for 16 MiB and more, "
+            f"{ratios(ratio, lambda n: n < 16 * MIB)} below"
+        )
 
 
 def main() -> None:
