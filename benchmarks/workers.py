@@ -11,6 +11,10 @@ pipeline runs it. For each image-processor backend (PIL, torchvision) the script
   torch's intra-op threads on every core, so this is the like-for-like baseline of two workers
   with one thread each) and ``mmproc 2 workers, torch default threads``
   (``intra_op_threads=None``: oversubscribed), to show what the intra-op setting is worth.
+- with ``--processes``, ``HF in 1 process`` / ``HF in 2 processes``: the same requests split over
+  separate processes with one torch thread each. Nothing is shared (no GIL, no allocator), so
+  their ratio is the most any thread pool could reach on this machine. (Their ``others`` column
+  counts those processes themselves.)
 
 Requests are submitted all at once and the clock stops when the last one is done. Configurations
 are interleaved round-robin over the repeats, so that a burst of load from other processes hits
@@ -38,6 +42,7 @@ import argparse
 import concurrent.futures
 import copy
 import importlib.util
+import multiprocessing
 import os
 import statistics
 import sys
@@ -141,6 +146,54 @@ def _mmproc(processor: Any, one: Callable[..., Any], workers: int, **options: An
     return measure
 
 
+def _process_main(backend: str, connection: Any) -> None:
+    """A reference process: its own processor, one torch thread; runs the requests it is sent."""
+    import torch
+
+    torch.set_num_threads(1)
+    processor = qwen.make_qwen2_vl_processor(backend)
+    images = [qwen.make_image(1024, 768, seed=s) for s in range(4)]
+    one = _request(images, {}, lambda: None)
+    connection.send("ready")
+    while (task := connection.recv()) is not None:
+        first, count = task
+        start = time.perf_counter()
+        for i in range(first, first + count):
+            one(i, processor=processor)
+        connection.send(time.perf_counter() - start)
+
+
+def _processes(backend: str, count: int) -> Measure:
+    """The same requests split over ``count`` processes (one torch thread each): nothing shared,
+    no GIL, no allocator; the ceiling a thread pool could reach on this machine."""
+    context = multiprocessing.get_context("spawn")
+    links = []
+    for _ in range(count):
+        mine, theirs = context.Pipe()
+        process = context.Process(target=_process_main, args=(backend, theirs), daemon=True)
+        process.start()
+        links.append((process, mine))
+    for _, connection in links:
+        connection.recv()  # built and ready
+
+    def measure(n: int) -> float:
+        share = -(-n // count)
+        start = time.perf_counter()
+        for index, (_, connection) in enumerate(links):
+            connection.send((index * share, share))
+        for _, connection in links:
+            connection.recv()
+        return (time.perf_counter() - start) * n / (share * count)
+
+    def close() -> None:
+        for process, connection in links:
+            connection.send(None)
+            process.join(10)
+
+    measure.close = close  # type: ignore[attr-defined]
+    return measure
+
+
 def _cpu_sample() -> tuple[float, float, float]:
     """(busy CPU seconds of the whole machine, this process's CPU seconds, wall seconds)."""
     with open("/proc/stat") as f:
@@ -212,6 +265,7 @@ def bench_backend(
     requests: int,
     repeats: int,
     with_references: bool,
+    with_processes: bool = False,
     wait_quiet_s: float = 0.0,
     max_others: float = 1.0,
     retries: int = 0,
@@ -231,6 +285,9 @@ def bench_backend(
         configs["HF direct"] = lambda: _direct(processor, one)
         configs["HF direct, on one plain thread"] = lambda: _direct_on_a_thread(processor, one)
         configs["HF + thread pool (shared), 2"] = lambda: _shared_thread_pool(processor, one, 2)
+    if with_processes and device == "cpu":
+        configs["HF in 1 process, 1 torch thread"] = lambda: _processes(backend, 1)
+        configs["HF in 2 processes, 1 torch thread each"] = lambda: _processes(backend, 2)
     configs["mmproc 1 worker"] = lambda: _mmproc(processor, one, 1)
     configs["mmproc 2 workers"] = lambda: _mmproc(processor, one, 2)
     if backend == "torchvision":
@@ -336,6 +393,11 @@ def main(argv: list[str] | None = None) -> int:
         "--retries", type=int, default=0, help="how often a disturbed measurement is retaken"
     )
     parser.add_argument("--no-references", action="store_true", help="only the mmproc rows")
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="add the requests split over 1 and 2 processes: the no-GIL ceiling of this machine",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -361,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             args.requests,
             args.repeats,
             with_references=not args.no_references,
+            with_processes=args.processes,
             wait_quiet_s=args.wait_quiet,
             max_others=args.max_others,
             retries=args.retries,
@@ -388,6 +451,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_references:
             ratio_specs.append(
                 (f"{backend}: 2 workers / HF direct", "mmproc 2 workers", "HF direct", 0.0)
+            )
+        if args.processes:
+            ratio_specs.append(
+                (
+                    f"{backend}: 2 processes / 1 process (no GIL)",
+                    "HF in 2 processes, 1 torch thread each",
+                    "HF in 1 process, 1 torch thread",
+                    0.0,
+                )
             )
         if not args.no_references:
             ratio_specs += [
