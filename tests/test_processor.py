@@ -19,7 +19,13 @@ import numpy as np
 import pytest
 import torch
 from mmproc import hookimpl
-from mmproc.errors import ConfigurationError, MediaItemError, ProcessingError, PromptUpdateError
+from mmproc.errors import (
+    ConfigurationError,
+    MediaItemError,
+    PluginSpecError,
+    ProcessingError,
+    PromptUpdateError,
+)
 from mmproc.fields import BatchedField, FlatField
 from mmproc.fused_norm import ChannelLayout, FusedInputNorm, NormSpec
 from mmproc.processor import get_processor
@@ -97,6 +103,22 @@ class IncompleteFieldsTinyQwen(TinyQwen):
         return {"pixel_values": FlatField.from_grid("image", "image_grid_thw")}
 
 
+class OptionTinyQwen(TinyQwen):
+    """Reads an option of its own, and says so."""
+
+    @hookimpl
+    def extra_options(self):
+        return ["crop_margin"]
+
+
+class BadOptionsTinyQwen(TinyQwen):
+    """Names its options wrongly (a plugin bug)."""
+
+    @hookimpl
+    def extra_options(self):
+        return "crop_margin"
+
+
 MODELS: dict[str, type] = {}
 
 
@@ -113,6 +135,8 @@ MODELS.update(
         "NormTinyQwen": NormalisedTinyQwen,
         "BrokenRawTinyQwen": BrokenRawTinyQwen,
         "IncompleteFieldsTinyQwen": IncompleteFieldsTinyQwen,
+        "OptionTinyQwen": OptionTinyQwen,
+        "BadOptionsTinyQwen": BadOptionsTinyQwen,
     }
 )
 
@@ -514,3 +538,29 @@ def test_a_mistyped_folder_is_named_as_a_missing_folder(registry, tmp_path) -> N
 
     with pytest.raises(ProcessorLoadError, match=r"model folder .*/nope does not exist"):
         get_processor(str(tmp_path / "nope"), registry=registry)
+
+
+def test_a_misspelled_option_is_an_error_naming_it(folder, registry) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        get_processor(folder, registry=registry, worker=2, cache_byte=0)
+    message = str(caught.value)
+    assert "'cache_byte' (did you mean 'cache_bytes'?)" in message
+    assert "'worker' (did you mean 'workers'?)" in message
+    assert ARCH in message and "'tiny'" in message
+    # what the plugin does not name is refused too
+    with pytest.raises(ConfigurationError, match="'crop_margin'"):
+        get_processor(folder, registry=registry, crop_margin=4)
+
+
+def test_a_plugin_names_its_own_options(folder, registry) -> None:
+    with get_processor(
+        copy_folder(folder, "OptionTinyQwen"), registry=registry, crop_margin=4, workers=1
+    ) as proc:
+        assert proc.ctx.option("crop_margin") == 4
+    with pytest.raises(ConfigurationError, match="'crop_marginn' \\(did you mean 'crop_margin'"):
+        get_processor(copy_folder(folder, "OptionTinyQwen"), registry=registry, crop_marginn=4)
+
+
+def test_extra_options_must_be_names(folder, registry) -> None:
+    with pytest.raises(PluginSpecError, match="extra_options must return an iterable"):
+        get_processor(copy_folder(folder, "BadOptionsTinyQwen"), registry=registry)

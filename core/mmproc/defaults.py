@@ -8,7 +8,7 @@ A model implements only what differs from these. Hooks with no sensible default
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,11 @@ class DefaultModel:
                 kwargs[HF_MODALITY_KWARGS.get(modality, modality)] = list(items)
         kwargs.update(hf_kwargs)
         return processor(**kwargs)
+
+    @hookimpl(trylast=True)
+    def extra_options(self, ctx: ModelContext) -> Iterable[str]:
+        """No options beyond the core's."""
+        return ()
 
     @hookimpl(trylast=True)
     def supports_concurrency(self, ctx: ModelContext) -> bool:

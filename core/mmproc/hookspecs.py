@@ -21,15 +21,15 @@ so an incompatible plugin is reported without being imported::
     my_model = "mmproc.hookspecs:PLUGIN_API_V1"
 
 Threads: discovery and ``load_hf_processor`` run once, on the thread that first looks the model up;
-so do ``supports_concurrency``, ``worker_count_hint`` and ``device_norm_spec``, when a
-``Processor`` is built. The per-request hooks (``process_mm_data``, ``get_mm_fields``,
+so do ``extra_options``, ``supports_concurrency``, ``worker_count_hint`` and ``device_norm_spec``,
+when a ``Processor`` is built. The per-request hooks (``process_mm_data``, ``get_mm_fields``,
 ``get_prompt_updates``, ``get_dummy_text``) run on a worker-pool thread, with that thread's own
 processor clone, possibly on several threads at once: keep no per-request state on the model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -182,6 +182,16 @@ class ModelSpec:
         Signature: ``device_norm_spec(ctx, processor) -> NormSpec | None``. Default ``None`` (the
         CPU normalises). With a spec and ``device_normalize`` on, pixels travel as uint8 and the
         engine applies :class:`mmproc.fused_norm.FusedInputNorm`. Called once per ``Processor``.
+        """
+
+    @hookspec(firstresult=True)
+    def extra_options(self, ctx: ModelContext) -> Iterable[str]:
+        """Name the processor options this model reads beyond the core's own.
+
+        Signature: ``extra_options(ctx) -> Iterable[str]``. Default: none. ``get_processor``
+        rejects any option that is neither the core's nor named here, so that a misspelled
+        option is an error instead of silently doing nothing. Called once per ``Processor``,
+        before the HF processor is loaded.
         """
 
 

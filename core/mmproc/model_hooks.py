@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -108,6 +108,20 @@ class ModelHooks:
         return self._required(
             "get_dummy_text", self._hook.get_dummy_text(ctx=ctx, mm_counts=mm_counts)
         )
+
+    def extra_options(self, ctx: ModelContext) -> frozenset[str]:
+        """Names of the processor options the model reads beyond the core's."""
+        names = self._hook.extra_options(ctx=ctx)
+        if isinstance(names, str) or not isinstance(names, Iterable):
+            names = None
+        else:
+            names = tuple(names)
+        if names is None or not all(isinstance(name, str) for name in names):
+            raise PluginSpecError(
+                f"{self._describe()}: extra_options must return an iterable of option names (str)",
+                plugin=self.plugin,
+            )
+        return frozenset(names)
 
     def supports_concurrency(self, ctx: ModelContext) -> bool:
         """Whether per-thread clones may run concurrently."""

@@ -20,6 +20,7 @@ ranges; both paths give identical results (a tested promise).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import os
 import threading
@@ -78,6 +79,23 @@ _PROCESSOR_CONFIG_FILES = (
 )
 # Options that cannot change what the processor outputs for an item; every other option (plugins
 # may read their own) is part of the cache key and of each item's hash.
+# The options the core reads (`get_processor` documents each); a plugin names its own through the
+# extra_options hook, and anything else is refused as a likely misspelling.
+CORE_OPTIONS = frozenset(
+    {
+        "workers",
+        "io_workers",
+        "device",
+        "backend",
+        "device_normalize",
+        "cache_bytes",
+        "hf_prompt_expansion",
+        "warm_up",
+        "hf_processor_kwargs",
+    }
+)
+# Read by get_processor itself, never passed on to the Processor.
+_LOOKUP_OPTIONS = frozenset({"prefer", "model_path", "registry"})
 _NON_OUTPUT_OPTIONS = frozenset(
     {"workers", "io_workers", "cache_bytes", "warm_up", "hf_prompt_expansion", "device_normalize"}
 )
@@ -130,6 +148,7 @@ class Processor:
         self.model = model
         self.ctx = ctx
         options = ctx.options
+        self._check_option_names(model, ctx)
         warm_up = options.get("warm_up", "background")
         if warm_up not in (True, False, "background"):
             raise ConfigurationError(
@@ -168,6 +187,24 @@ class Processor:
         )
 
     # --- construction helpers ----------------------------------------------------------------
+
+    @staticmethod
+    def _check_option_names(model: ModelHooks, ctx: ModelContext) -> None:
+        """Refuse options nobody reads: a misspelled ``worker=2`` must not silently do nothing."""
+        known = CORE_OPTIONS | model.extra_options(ctx)
+        unknown = sorted(set(ctx.options) - known)
+        if not unknown:
+            return
+        vocabulary = sorted(known | _LOOKUP_OPTIONS)
+        described = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, vocabulary, n=1)
+            described.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+        raise ConfigurationError(
+            f"unknown processor option{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(described)} for {ctx.architecture} (plugin {ctx.plugin!r}); "
+            f"known options: {', '.join(vocabulary)}"
+        )
 
     def _resolve_norm_spec(self, device_normalize: Any) -> NormSpec | None:
         if device_normalize not in (None, True, False):
