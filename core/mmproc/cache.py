@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from mmproc._torch import is_torch_tensor
 from mmproc.errors import ConfigurationError
 
 __all__ = [
@@ -93,13 +94,8 @@ def parse_byte_size(text: str, *, name: str = CACHE_BYTES_ENV) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-def _is_torch_tensor(obj: Any) -> bool:
-    torch = sys.modules.get("torch")  # never import torch just to find out
-    return torch is not None and isinstance(obj, torch.Tensor)
-
-
 def _value_nbytes(value: Any) -> int:
-    if _is_torch_tensor(value) or isinstance(value, np.ndarray):
+    if is_torch_tensor(value) or isinstance(value, np.ndarray):
         return int(value.nbytes)
     if isinstance(value, bytes | bytearray | memoryview):
         return len(value) if not isinstance(value, memoryview) else value.nbytes
@@ -126,7 +122,7 @@ def _root_nbytes(arr: np.ndarray) -> int:
 
 
 def _compact_value(value: Any) -> Any:
-    if _is_torch_tensor(value):
+    if is_torch_tensor(value):
         import torch
 
         if value.untyped_storage().nbytes() > value.nbytes or not value.is_contiguous():

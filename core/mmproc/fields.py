@@ -27,7 +27,6 @@ pipeline handles itself, like ``input_ids``) and that row counts add up, raising
 from __future__ import annotations
 
 import math
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from mmproc._torch import is_torch_tensor
 from mmproc.errors import FieldSpecError
 
 __all__ = [
@@ -55,13 +55,8 @@ DEFAULT_IGNORED_KEYS: frozenset[str] = frozenset(
 SizesFn = Callable[[Mapping[str, Any]], Sequence[int]]
 
 
-def _is_torch_tensor(obj: Any) -> bool:
-    torch = sys.modules.get("torch")  # never import torch just to find out
-    return torch is not None and isinstance(obj, torch.Tensor)
-
-
 def _length(value: Any, dim: int, key: str, modality: str) -> int:
-    if _is_torch_tensor(value) or isinstance(value, np.ndarray):
+    if is_torch_tensor(value) or isinstance(value, np.ndarray):
         if value.ndim == 0:
             raise FieldSpecError(f"{key!r} ({modality}): a 0-d value has no rows to split")
         return int(value.shape[dim])
@@ -103,14 +98,14 @@ class BatchedField(FieldSpec):
                 f"{key!r} (batched, {self.modality}): {rows} rows along dim 0 but "
                 f"{count} {self.modality} item(s)"
             )
-        if _is_torch_tensor(value):
+        if is_torch_tensor(value):
             return list(value.unbind(0))  # views, one Python call
         return [value[i] for i in range(count)]
 
     def join(self, key: str, values: Sequence[Any]) -> Any:
         """Stack rows back into a batch (tensors and arrays; lists stay lists)."""
         first = values[0]
-        if _is_torch_tensor(first):
+        if is_torch_tensor(first):
             import torch
 
             return torch.stack(list(values))
@@ -211,7 +206,7 @@ class FlatField(FieldSpec):
                 f"{key!r} (flat, {self.modality}): per-item sizes {sizes} sum to {sum(sizes)} but "
                 f"the output has {rows} rows along dim {self.dim}"
             )
-        if _is_torch_tensor(value):
+        if is_torch_tensor(value):
             return list(value.split(sizes, dim=self.dim))  # views
         if isinstance(value, np.ndarray):
             return np.split(value, np.cumsum(sizes[:-1]), axis=self.dim)  # views
@@ -221,7 +216,7 @@ class FlatField(FieldSpec):
     def join(self, key: str, values: Sequence[Any]) -> Any:
         """Concatenate per-item values along ``dim``."""
         first = values[0]
-        if _is_torch_tensor(first):
+        if is_torch_tensor(first):
             import torch
 
             return torch.cat(list(values), dim=self.dim)

@@ -28,7 +28,6 @@ import enum
 import json
 import os
 import struct
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +35,7 @@ import numpy as np
 import xxhash
 from PIL import Image
 
+from mmproc._torch import is_torch_tensor
 from mmproc.inputs import AudioItem
 
 __all__ = ["HASH_FORMAT_VERSION", "canonical_json", "hash_context", "hash_item", "item_key"]
@@ -81,7 +81,7 @@ def hash_item(modality: str, item: Any) -> str:
         _hash_array(h, item.waveform)
     elif isinstance(item, np.ndarray):
         _hash_array(h, item)
-    elif _is_torch_tensor(item):
+    elif is_torch_tensor(item):
         _hash_tensor(h, item)
     else:
         raise TypeError(
@@ -89,11 +89,6 @@ def hash_item(modality: str, item: Any) -> str:
             "array, a torch tensor or an AudioItem (parse mm_data first)"
         )
     return h.hexdigest()
-
-
-def _is_torch_tensor(obj: Any) -> bool:
-    torch = sys.modules.get("torch")  # never import torch just to find out
-    return torch is not None and isinstance(obj, torch.Tensor)
 
 
 def _hash_pil(h: Any, image: Image.Image) -> None:

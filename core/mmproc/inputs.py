@@ -51,7 +51,6 @@ import difflib
 import io
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
@@ -60,6 +59,7 @@ from typing import Any, TypeAlias
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from mmproc._torch import is_torch_tensor
 from mmproc.errors import MediaItemError
 
 __all__ = [
@@ -221,14 +221,8 @@ def parse_mm_data(
 # --- list / single item --------------------------------------------------------------------------
 
 
-def _is_torch_tensor(obj: Any) -> bool:
-    # A torch tensor can only exist if torch was imported; never import it just to check.
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.Tensor)
-
-
 def _is_array(obj: Any) -> bool:
-    return isinstance(obj, np.ndarray) or _is_torch_tensor(obj)
+    return isinstance(obj, np.ndarray) or is_torch_tensor(obj)
 
 
 def _is_frame(obj: Any) -> bool:
@@ -323,7 +317,7 @@ def _image_from_array(raw: Any) -> Image.Image:
     arr = _to_numpy(raw)
     if arr.dtype != np.uint8:
         raise _ItemProblem(f"image arrays must be uint8, got {arr.dtype}")
-    if _is_torch_tensor(raw) and arr.ndim == 3 and arr.shape[0] in _CHANNELS_TO_MODE:
+    if is_torch_tensor(raw) and arr.ndim == 3 and arr.shape[0] in _CHANNELS_TO_MODE:
         arr = arr.transpose(1, 2, 0)  # torch convention: channels first (torchvision)
     if arr.ndim == 2:
         arr = arr[:, :, None]
@@ -448,7 +442,7 @@ def _video_from_array(raw: Any) -> np.ndarray:
         raise _ItemProblem(f"video arrays must be uint8, got {arr.dtype}")
     if arr.ndim != 4:
         raise _ItemProblem(f"video array shape {tuple(arr.shape)} is not (T, H, W, C)")
-    if _is_torch_tensor(raw) and arr.shape[1] in _CHANNELS_TO_MODE:
+    if is_torch_tensor(raw) and arr.shape[1] in _CHANNELS_TO_MODE:
         arr = arr.transpose(0, 2, 3, 1)  # (T, C, H, W), torch's channels-first convention
     frames, height, width, channels = arr.shape
     if channels not in _CHANNELS_TO_MODE:
