@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import xxhash
 from mmproc.cache import ProcessorCache, compact_entry
-from mmproc.hashing import hash_context, hash_item, item_key
+from mmproc.hashing import HASH_ALGORITHMS, hash_context, hash_item, item_key
 from PIL import Image
 
 Row = tuple[str, str, str]
@@ -62,44 +62,52 @@ def hashing_rows(repeat: int) -> list[Row]:
         "image_std": [0.26862954, 0.26130258, 0.27577711],
     }
     options = {"device_normalize": True, "hf_kwargs": {"fps": 2.0}}
-    ctx = hash_context(ARCH, config, options)
-    digest = hash_item("image", image)
+    rows = []
+    for algorithm in HASH_ALGORITHMS:
+        ctx = hash_context(ARCH, config, options, algorithm)
+        digest = hash_item("image", image, algorithm)
+        rows += [
+            timed(
+                f"{algorithm}: hash_item, 1024x768 RGB PIL image (2.4 MB)",
+                best_of(lambda a=algorithm: hash_item("image", image, a), repeat, 20),
+                rgb.nbytes,
+            ),
+            timed(
+                f"{algorithm}: hash_item, 1024x768x3 uint8 array",
+                best_of(lambda a=algorithm: hash_item("video", rgb[None], a), repeat, 20),
+                rgb.nbytes,
+            ),
+            timed(
+                f"{algorithm}: hash_item, 16-frame 1024x768 video array (37.7 MB)",
+                best_of(lambda a=algorithm: hash_item("video", video, a), repeat, 2),
+                video.nbytes,
+            ),
+            timed(
+                f"{algorithm}: hash_item, 64 MiB uint8 array",
+                best_of(lambda a=algorithm: hash_item("video", big, a), repeat, 2),
+                big.nbytes,
+            ),
+            timed(
+                f"{algorithm}: hash_context (Qwen2-VL-sized config)",
+                best_of(lambda a=algorithm: hash_context(ARCH, config, options, a), repeat, 200),
+            ),
+            timed(
+                f"{algorithm}: item_key",
+                best_of(lambda a=algorithm, c=ctx, d=digest: item_key(c, d, a), repeat, 2000),
+            ),
+        ]
     return [
+        *rows,
         timed(
-            "hash_item: 1024x768 RGB PIL image (2.4 MB)",
-            best_of(lambda: hash_item("image", image), repeat, 20),
-            rgb.nbytes,
-        ),
-        timed(
-            "  baseline: xxh3_128(image.tobytes())",
+            "baseline: xxh3_128(image.tobytes())",
             best_of(lambda: xxhash.xxh3_128(image.tobytes()).digest(), repeat, 20),
             rgb.nbytes,
         ),
         timed(
-            "hash_item: 1024x768x3 uint8 array",
-            best_of(lambda: hash_item("video", rgb[None]), repeat, 20),
-            rgb.nbytes,
-        ),
-        timed(
-            "hash_item: 16-frame 1024x768 video array (37.7 MB)",
-            best_of(lambda: hash_item("video", video), repeat, 2),
-            video.nbytes,
-        ),
-        timed(
-            "hash_item: 64 MiB uint8 array",
-            best_of(lambda: hash_item("video", big), repeat, 2),
-            big.nbytes,
-        ),
-        timed(
-            "  reference: blake3, 64 MiB, one thread",
+            "baseline: blake3, 64 MiB, one thread",
             best_of(lambda: blake3.blake3(memoryview(big)).digest(), repeat, 2),
             big.nbytes,
         ),
-        timed(
-            "hash_context (Qwen2-VL-sized config)",
-            best_of(lambda: hash_context(ARCH, config, options), repeat, 200),
-        ),
-        timed("item_key", best_of(lambda: item_key(ctx, digest), repeat, 2000)),
     ]
 
 

@@ -7,12 +7,13 @@ import struct
 import types
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 import torch
 import xxhash
 from mmproc import hashing
-from mmproc.hashing import hash_context, hash_item, item_key
+from mmproc.hashing import HASH_ALGORITHMS, hash_context, hash_item, item_key
 from mmproc.inputs import AudioItem
 from PIL import Image
 
@@ -28,8 +29,21 @@ def _gradient() -> Image.Image:
 
 # Pinned values: a change here means every deployed cache key changes. Bump
 # HASH_FORMAT_VERSION on purpose when the framing changes, then update these.
-GOLDEN_IMAGE = "bf8615ec6c53a2819a7e81e9d522bd4c"
-GOLDEN_CONTEXT = "e3efad563560d4dad57ca2320ed8511d"
+GOLDEN = {
+    # algorithm: (image hash, context digest)
+    "blake3": ("32e59a58fdfd9195bd989b5d795e0b4c", "a63cff39e8d39f47ddb20b0344f1d5b7"),
+    "xxh3": ("bf8615ec6c53a2819a7e81e9d522bd4c", "e3efad563560d4dad57ca2320ed8511d"),
+}
+
+
+def _reference(algorithm: str, stream: bytes) -> str:
+    """The hash of a documented byte stream, computed with the hash library directly."""
+    if algorithm == "xxh3":
+        return xxhash.xxh3_128(stream).hexdigest()
+    return blake3.blake3(stream).hexdigest(length=16)
+
+
+algorithms = pytest.mark.parametrize("algorithm", HASH_ALGORITHMS)
 
 
 def test_hash_is_hex_and_deterministic() -> None:
@@ -41,13 +55,31 @@ def test_hash_is_hex_and_deterministic() -> None:
     assert hash_item("image", _gradient()) == first
 
 
-def test_golden_values_are_stable() -> None:
-    assert hash_item("image", _gradient()) == GOLDEN_IMAGE
-    ctx = hash_context("Qwen2VLForConditionalGeneration", {"patch_size": 14}, {"fps": 2.0})
-    assert ctx.hex() == GOLDEN_CONTEXT
+@algorithms
+def test_golden_values_are_stable(algorithm: str) -> None:
+    image, context = GOLDEN[algorithm]
+    assert hash_item("image", _gradient(), algorithm) == image
+    ctx = hash_context(
+        "Qwen2VLForConditionalGeneration", {"patch_size": 14}, {"fps": 2.0}, algorithm
+    )
+    assert ctx.hex() == context
 
 
-def test_image_framing_is_as_documented() -> None:
+def test_blake3_is_the_default() -> None:
+    assert hash_item("image", _gradient()) == GOLDEN["blake3"][0]
+    assert item_key(b"c" * 16, "ab") == item_key(b"c" * 16, "ab", "blake3")
+    assert item_key(b"c" * 16, "ab") != item_key(b"c" * 16, "ab", "xxh3")
+
+
+def test_an_unknown_algorithm_is_an_error_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="unknown hash algorithm 'md5'; expected one of blake3"):
+        hash_item("image", _gradient(), "md5")
+    with pytest.raises(ValueError, match="unknown hash algorithm"):
+        item_key(b"c" * 16, "ab", ["xxh3"])  # type: ignore[arg-type]
+
+
+@algorithms
+def test_image_framing_is_as_documented(algorithm: str) -> None:
     def field(data: bytes) -> bytes:
         return struct.pack("<Q", len(data)) + data
 
@@ -64,10 +96,11 @@ def test_image_framing_is_as_documented() -> None:
         + image.tobytes()
         + struct.pack("<Q", 5 * 6 * 3)  # the data's length follows it
     )
-    assert hash_item("image", image) == xxhash.xxh3_128(stream).hexdigest()
+    assert hash_item("image", image, algorithm) == _reference(algorithm, stream)
 
 
-def test_array_framing_is_as_documented() -> None:
+@algorithms
+def test_array_framing_is_as_documented(algorithm: str) -> None:
     def field(data: bytes) -> bytes:
         return struct.pack("<Q", len(data)) + data
 
@@ -80,7 +113,7 @@ def test_array_framing_is_as_documented() -> None:
         + struct.pack("<5Q", 4, 2, 3, 4, 1)
         + field(video.tobytes())
     )
-    assert hash_item("video", video) == xxhash.xxh3_128(stream).hexdigest()
+    assert hash_item("video", video, algorithm) == _reference(algorithm, stream)
 
 
 def test_one_pixel_changes_the_hash() -> None:
@@ -157,7 +190,10 @@ def test_audio_sample_rate_and_samples_matter() -> None:
     assert hash_item("audio", wave) != base  # a bare array is not an audio item
 
 
-def test_pil_streaming_matches_the_documented_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+@algorithms
+def test_pil_streaming_matches_the_documented_stream(
+    monkeypatch: pytest.MonkeyPatch, algorithm: str
+) -> None:
     # Rows wider than one 64 KiB chunk, and many chunks.
     image = Image.fromarray(np.random.default_rng(4).integers(0, 256, (40, 7000, 3), np.uint8))
     data = image.tobytes()
@@ -171,11 +207,11 @@ def test_pil_streaming_matches_the_documented_stream(monkeypatch: pytest.MonkeyP
         + data
         + struct.pack("<Q", len(data))
     )  # fmt: skip
-    expected = xxhash.xxh3_128(stream).hexdigest()
-    assert hash_item("image", image) == expected
+    expected = _reference(algorithm, stream)
+    assert hash_item("image", image, algorithm) == expected
     # Without Pillow's private encoder factory, the tobytes() fallback gives the same hash.
     monkeypatch.setattr(hashing, "Image", types.SimpleNamespace(Image=Image.Image))
-    assert hash_item("image", image) == expected
+    assert hash_item("image", image, algorithm) == expected
 
 
 @pytest.mark.parametrize("mode", ["1", "L", "LA", "RGBA", "CMYK", "I;16", "I", "F", "YCbCr"])

@@ -564,3 +564,19 @@ def test_a_plugin_names_its_own_options(folder, registry) -> None:
 def test_extra_options_must_be_names(folder, registry) -> None:
     with pytest.raises(PluginSpecError, match="extra_options must return an iterable"):
         get_processor(copy_folder(folder, "BadOptionsTinyQwen"), registry=registry)
+
+
+def test_hash_algorithm_option(folder, registry, processor) -> None:
+    default = processor.process(IMAGE, {"image": [image(90)]})
+    assert processor.hash_algorithm == "blake3"
+    with get_processor(folder, registry=registry, hash_algorithm="xxh3") as fast:
+        assert fast.hash_algorithm == "xxh3"
+        out = fast.process(IMAGE, {"image": [image(90)]})
+        again = fast.process(IMAGE, {"image": [image(90)]})
+    assert out.features[0].hash == again.features[0].hash
+    assert len(out.features[0].hash) == len(default.features[0].hash) == 32
+    assert out.features[0].hash != default.features[0].hash
+    pixels = default.features[0].data["pixel_values"]
+    assert torch.equal(out.features[0].data["pixel_values"], pixels)
+    with pytest.raises(ConfigurationError, match="hash_algorithm: unknown hash algorithm 'sha1'"):
+        get_processor(folder, registry=registry, hash_algorithm="sha1")

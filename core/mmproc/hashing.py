@@ -17,9 +17,18 @@ A cache key (:func:`item_key`) combines an item's hash with a *context digest*
 processing options, as canonical (sorted-key) JSON. Whatever else changes the processor's output
 (the transformers version, say) belongs in ``options``.
 
-The hash is xxHash3-128 (``xxhash``): non-cryptographic, tens of GB/s on array buffers. It guards
-against accidental collisions, not adversarial ones; a deployment where clients could profit from
-crafting colliding items should key the cache with a cryptographic hash instead (e.g. ``blake3``).
+Two hash functions, both giving 128-bit digests (32 hex digits) over the same framed stream:
+
+* ``"blake3"`` (the default): cryptographic. In a server, requests from different clients share
+  the processor-output cache, and the item hash travels to the engine, which keys its own caches
+  (encoder outputs, prefix blocks) on it; a client able to craft two items with one hash could
+  make another client's request use its content. BLAKE3 makes that infeasible; ~6 GB/s here.
+* ``"xxh3"`` (xxHash3-128): non-cryptographic, ~2x faster on large arrays. It guards against
+  accidental collisions only: for deployments whose every client is trusted.
+
+The algorithm is a processor option (``hash_algorithm``); hashes made with one are never compared
+with hashes made with the other (it is part of every context digest), and the engines one front
+end feeds should all be fed with the same algorithm.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+import blake3
 import numpy as np
 import xxhash
 from PIL import Image
@@ -38,7 +48,16 @@ from PIL import Image
 from mmproc._torch import is_torch_tensor
 from mmproc.inputs import AudioItem
 
-__all__ = ["HASH_FORMAT_VERSION", "canonical_json", "hash_context", "hash_item", "item_key"]
+__all__ = [
+    "DEFAULT_HASH_ALGORITHM",
+    "HASH_ALGORITHMS",
+    "HASH_FORMAT_VERSION",
+    "canonical_json",
+    "check_hash_algorithm",
+    "hash_context",
+    "hash_item",
+    "item_key",
+]
 
 HASH_FORMAT_VERSION = 1
 """Bumped whenever the framing changes, so old and new hashes never compare equal."""
@@ -52,13 +71,58 @@ _U64 = struct.Struct("<Q")
 _PIL_CHUNK = 1 << 16
 
 
+HASH_ALGORITHMS = ("blake3", "xxh3")
+"""The hash functions items and contexts can be hashed with (the ``hash_algorithm`` option)."""
+DEFAULT_HASH_ALGORITHM = "blake3"
+"""Cryptographic by default: cache keys are shared between clients (see the module docs)."""
+_DIGEST_BYTES = 16
+
+
+class _Blake3x128:
+    """BLAKE3 cut to the 128-bit digests xxh3_128 gives, so keys have one size either way."""
+
+    __slots__ = ("_h", "update")
+
+    def __init__(self) -> None:
+        # One thread: hashing runs beside the preprocessing workers, which have the cores.
+        self._h = blake3.blake3()
+        self.update = self._h.update
+
+    def digest(self) -> bytes:
+        return self._h.digest(length=_DIGEST_BYTES)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest(length=_DIGEST_BYTES)
+
+
+_HASHERS: dict[str, Any] = {"blake3": _Blake3x128, "xxh3": xxhash.xxh3_128}
+
+
+def check_hash_algorithm(algorithm: object) -> str:
+    """``algorithm`` if it names one of `HASH_ALGORITHMS`, else a ``ValueError`` saying which
+    names are known."""
+    if not isinstance(algorithm, str) or algorithm not in _HASHERS:
+        raise ValueError(
+            f"unknown hash algorithm {algorithm!r}; expected one of {', '.join(HASH_ALGORITHMS)}"
+        )
+    return algorithm  # type: ignore[return-value]
+
+
+def _hasher(algorithm: str) -> Any:
+    try:
+        return _HASHERS[algorithm]()
+    except (KeyError, TypeError):
+        check_hash_algorithm(algorithm)
+        raise
+
+
 def _field(h: Any, data: bytes | memoryview) -> None:
     """Feed one length-prefixed field."""
     h.update(_U64.pack(len(data)))
     h.update(data)
 
 
-def hash_item(modality: str, item: Any) -> str:
+def hash_item(modality: str, item: Any, algorithm: str = DEFAULT_HASH_ALGORITHM) -> str:
     """Return the hex content hash (32 hex digits) of one parsed media item.
 
     Args:
@@ -66,11 +130,13 @@ def hash_item(modality: str, item: Any) -> str:
             one-frame video never shares a hash with an image).
         item: A PIL image, a numpy array (or CPU/GPU torch tensor), or an
             :class:`~mmproc.inputs.AudioItem`.
+        algorithm: one of `HASH_ALGORITHMS`.
 
     Raises:
         TypeError: the item is of another type (parse it with ``parse_mm_data`` first).
+        ValueError: ``algorithm`` is not one of `HASH_ALGORITHMS`.
     """
-    h = xxhash.xxh3_128()
+    h = _hasher(algorithm)
     _field(h, _ITEM_MAGIC)
     _field(h, modality.encode())
     if isinstance(item, Image.Image):
@@ -203,6 +269,7 @@ def hash_context(
     architecture: str,
     processor_config: Mapping[str, Any],
     options: Mapping[str, Any],
+    algorithm: str = DEFAULT_HASH_ALGORITHM,
 ) -> bytes:
     """Return the 16-byte digest of everything besides the item that decides the processor output.
 
@@ -211,6 +278,8 @@ def hash_context(
         processor_config: The model folder's processor configuration (e.g. the merged contents of
             ``preprocessor_config.json`` / ``processor_config.json``).
         options: Processing options (``hf_kwargs``, ``device_normalize``, ...).
+        algorithm: one of `HASH_ALGORITHMS`; it is hashed too, so the digests of the two
+            algorithms never meet in one cache.
 
     Raises:
         TypeError: a value is not JSON-like (see ``_json_default`` for the extra types accepted:
@@ -222,15 +291,17 @@ def hash_context(
         "processor_config": dict(processor_config),
         "options": dict(options),
     }
-    h = xxhash.xxh3_128()
+    h = _hasher(algorithm)
+    if algorithm != "xxh3":  # framed in; xxh3 contexts keep the pinned digests they had first
+        _field(h, algorithm.encode())
     _field(h, _CONTEXT_MAGIC)
     _field(h, canonical_json(payload).encode())
     return h.digest()
 
 
-def item_key(context_digest: bytes, item_hash: str) -> str:
+def item_key(context_digest: bytes, item_hash: str, algorithm: str = DEFAULT_HASH_ALGORITHM) -> str:
     """Combine a context digest and an item hash into the item's cache key (32 hex digits)."""
-    h = xxhash.xxh3_128()
+    h = _hasher(algorithm)
     _field(h, _KEY_MAGIC)
     _field(h, context_digest)
     _field(h, item_hash.encode())

@@ -48,7 +48,14 @@ from mmproc.executor import (
     resolve_worker_count,
 )
 from mmproc.fields import split_outputs
-from mmproc.hashing import canonical_json, hash_context, hash_item, item_key
+from mmproc.hashing import (
+    DEFAULT_HASH_ALGORITHM,
+    canonical_json,
+    check_hash_algorithm,
+    hash_context,
+    hash_item,
+    item_key,
+)
 from mmproc.inputs import MODALITIES, parse_mm_data
 from mmproc.placeholder_checks import (
     check_placeholder_count,
@@ -92,6 +99,7 @@ CORE_OPTIONS = frozenset(
         "hf_prompt_expansion",
         "warm_up",
         "hf_processor_kwargs",
+        "hash_algorithm",
     }
 )
 # Read by get_processor itself, never passed on to the Processor.
@@ -154,6 +162,12 @@ class Processor:
             raise ConfigurationError(
                 f"warm_up must be True, False or 'background', got {warm_up!r}"
             )
+        try:
+            self.hash_algorithm = check_hash_algorithm(
+                options.get("hash_algorithm", DEFAULT_HASH_ALGORITHM)
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"hash_algorithm: {exc}") from None
         self.hf_processor = model.load_hf_processor(ctx)
         self.device = options.get("device", "cpu")
         self.path = preprocessing_path(self.hf_processor, device=self.device)
@@ -265,7 +279,9 @@ class Processor:
                 transformers=transformers.__version__,
             )
             try:
-                digest = hash_context(self.ctx.architecture, self._processor_config, options)
+                digest = hash_context(
+                    self.ctx.architecture, self._processor_config, options, self.hash_algorithm
+                )
             except TypeError as exc:
                 raise ConfigurationError(f"options cannot be part of a cache key: {exc}") from None
             if len(self._context_digests) < 1024:
@@ -310,8 +326,12 @@ class Processor:
         raw = self._raw_pixels_for(user_kwargs)
         digest = self._context_digest(user_kwargs, raw)
         items = parse_mm_data(mm_data, io_pool=self._io_pool)
+        algorithm = self.hash_algorithm
         keys = {
-            modality: [item_key(digest, hash_item(modality, item)) for item in modality_items]
+            modality: [
+                item_key(digest, hash_item(modality, item, algorithm), algorithm)
+                for item in modality_items
+            ]
             for modality, modality_items in items.items()
         }
         all_keys = [key for modality_keys in keys.values() for key in modality_keys]
@@ -617,6 +637,9 @@ def get_processor(name_or_folder: str | os.PathLike[str], **options: Any) -> Pro
     ``warm_up``
         when to make the workers' processor clones: ``"background"`` (default: right away,
         without blocking), ``True`` (before returning), ``False`` (on each worker's first task).
+    ``hash_algorithm``
+        ``"blake3"`` (default, cryptographic) or ``"xxh3"`` (faster; for trusted clients only),
+        for item hashes and cache keys (see :mod:`mmproc.hashing`).
     ``prefer``
         ``{architecture: plugin}`` when several plugins claim the architecture.
     ``hf_processor_kwargs``
