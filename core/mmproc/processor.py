@@ -84,8 +84,6 @@ _PROCESSOR_CONFIG_FILES = (
     "processor_config.json",
     "video_preprocessor_config.json",
 )
-# Options that cannot change what the processor outputs for an item; every other option (plugins
-# may read their own) is part of the cache key and of each item's hash.
 # The options the core reads (`get_processor` documents each); a plugin names its own through the
 # extra_options hook, and anything else is refused as a likely misspelling.
 CORE_OPTIONS = frozenset(
@@ -104,8 +102,19 @@ CORE_OPTIONS = frozenset(
 )
 # Read by get_processor itself, never passed on to the Processor.
 _LOOKUP_OPTIONS = frozenset({"prefer", "model_path", "registry"})
+# Options that cannot change what the processor outputs for an item; every other option (plugins
+# may read their own) is part of the cache key and of each item's hash. (The hash algorithm is
+# framed into the context digest by hash_context itself.)
 _NON_OUTPUT_OPTIONS = frozenset(
-    {"workers", "io_workers", "cache_bytes", "warm_up", "hf_prompt_expansion", "device_normalize"}
+    {
+        "workers",
+        "io_workers",
+        "cache_bytes",
+        "warm_up",
+        "hf_prompt_expansion",
+        "device_normalize",
+        "hash_algorithm",
+    }
 )
 # hf_kwargs a user may pass that decide whether pixels come out raw.
 _RAW_PIXEL_KEYS = frozenset({"do_rescale", "do_normalize"})
