@@ -46,6 +46,17 @@ def test_miss_then_hit_and_stats() -> None:
     assert ProcessorCache(10).stats().hit_rate == 0.0
 
 
+def test_a_retried_lookup_turns_misses_into_hits_once() -> None:
+    cache = ProcessorCache(1000)
+    assert cache.lookup(["a", "b", "a"]) == [None, None, None]
+    assert cache.lookup(["a", "b", "a"], retry=True) == [None, None, None]
+    assert (cache.stats().hits, cache.stats().misses) == (0, 3)  # not counted twice
+    cache.put("a", _entry())
+    found = cache.lookup(["a", "b", "a"], retry=True)  # another request computed "a" meanwhile
+    assert [entry is not None for entry in found] == [True, False, True]
+    assert (cache.stats().hits, cache.stats().misses) == (2, 1)
+
+
 def test_get_many_is_lookup() -> None:
     cache = ProcessorCache(1000)
     cache.put("a", _entry())

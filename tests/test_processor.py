@@ -12,6 +12,8 @@ import json
 import logging
 import random
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +121,25 @@ class BadOptionsTinyQwen(TinyQwen):
         return "crop_margin"
 
 
+class GatedTinyQwen(TinyQwen):
+    """Holds every computation at a gate the test opens, and fails on request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.failing = False
+
+    @hookimpl
+    def process_mm_data(self, mm_items):
+        self.calls.append(len(mm_items.get("image", ())))
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        if self.failing:
+            raise RuntimeError("gated model told to fail")
+        return None
+
+
 MODELS: dict[str, type] = {}
 
 
@@ -137,6 +158,7 @@ MODELS.update(
         "IncompleteFieldsTinyQwen": IncompleteFieldsTinyQwen,
         "OptionTinyQwen": OptionTinyQwen,
         "BadOptionsTinyQwen": BadOptionsTinyQwen,
+        "GatedTinyQwen": GatedTinyQwen,
     }
 )
 
@@ -580,3 +602,81 @@ def test_hash_algorithm_option(folder, registry, processor) -> None:
     assert torch.equal(out.features[0].data["pixel_values"], pixels)
     with pytest.raises(ConfigurationError, match="hash_algorithm: unknown hash algorithm 'sha1'"):
         get_processor(folder, registry=registry, hash_algorithm="sha1")
+
+
+def _wait_until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_concurrent_misses_of_one_item_compute_it_once(folder, registry, workers) -> None:
+    picture = image(95)
+    with get_processor(
+        copy_folder(folder, "GatedTinyQwen"), registry=registry, workers=workers, warm_up=True
+    ) as proc:
+        model = proc.model.model_instance
+        with ThreadPoolExecutor(2) as callers:
+            first = callers.submit(proc.process, IMAGE, {"image": [picture]})
+            assert model.entered.wait(30)
+            # The second request is prepared while the first computes the item: it waits for
+            # that result (with one worker: in the caller's thread, not behind the first).
+            second = callers.submit(proc.process, IMAGE + IMAGE, {"image": [picture, picture]})
+            _wait_until(lambda: len(proc._in_flight) == 1)
+            time.sleep(0.05)
+            assert not second.done()
+            model.gate.set()
+            one, two = first.result(30), second.result(30)
+    assert model.calls == [1]  # computed once, for both requests
+    assert [f.hash for f in two.features] == [one.features[0].hash] * 2
+    for feature in two.features:
+        assert torch.equal(feature.data["pixel_values"], one.features[0].data["pixel_values"])
+    stats = proc.cache.stats()
+    assert (stats.hits, stats.misses) == (2, 1)
+    assert len(proc._in_flight) == 0
+
+
+def test_a_waiter_computes_the_item_itself_when_the_owner_fails(folder, registry) -> None:
+    picture = image(96)
+    with get_processor(
+        copy_folder(folder, "GatedTinyQwen"), registry=registry, workers=2, warm_up=True
+    ) as proc:
+        model = proc.model.model_instance
+        model.failing = True
+        with ThreadPoolExecutor(2) as callers:
+            first = callers.submit(proc.process, IMAGE, {"image": [picture]})
+            assert model.entered.wait(30)
+            second = callers.submit(proc.process, IMAGE, {"image": [picture]})
+            _wait_until(lambda: len(proc._in_flight) == 1)
+            model.gate.set()
+            with pytest.raises(MediaItemError, match="gated model told to fail"):
+                first.result(30)
+            with pytest.raises(MediaItemError, match="gated model told to fail"):
+                second.result(30)  # not stuck, and not handed the owner's failure: its own
+        assert len(model.calls) >= 2
+        assert len(proc._in_flight) == 0
+        model.failing = False
+        assert proc.process(IMAGE, {"image": [picture]}).features  # nothing left claimed
+
+
+def test_an_uncacheable_result_is_computed_again_by_the_waiter(folder, registry) -> None:
+    picture = image(97)
+    with get_processor(
+        copy_folder(folder, "GatedTinyQwen"),
+        registry=registry,
+        workers=2,
+        warm_up=True,
+        cache_bytes=1,  # on, but too small to keep anything
+    ) as proc:
+        model = proc.model.model_instance
+        with ThreadPoolExecutor(2) as callers:
+            first = callers.submit(proc.process, IMAGE, {"image": [picture]})
+            assert model.entered.wait(30)
+            second = callers.submit(proc.process, IMAGE, {"image": [picture]})
+            _wait_until(lambda: len(proc._in_flight) == 1)
+            model.gate.set()
+            one, two = first.result(30), second.result(30)
+    assert model.calls == [1, 1]
+    assert one.features[0].hash == two.features[0].hash

@@ -218,11 +218,14 @@ class ProcessorCache:
         """Membership without touching recency or counters."""
         return key in self._data
 
-    def lookup(self, keys: Sequence[str]) -> list[dict[str, Any] | None]:
+    def lookup(self, keys: Sequence[str], *, retry: bool = False) -> list[dict[str, Any] | None]:
         """Return the entry (a shallow copy) or ``None`` for each key, in order.
 
         Every hit is moved to the most-recently-used end, all under one lock acquisition, so a
         request's hits are the last candidates for eviction when its misses are inserted.
+        ``retry=True`` looks again for keys that missed in an earlier lookup of the same request
+        (another request may have computed them since): a hit then turns that miss into a hit in
+        the statistics, and a miss is not counted twice.
         """
         out: list[dict[str, Any] | None] = []
         with self._lock:
@@ -236,7 +239,7 @@ class ProcessorCache:
                 out.append(dict(slot[0]))
             hits = sum(1 for e in out if e is not None)
             self._hits += hits
-            self._misses += len(out) - hits
+            self._misses += -hits if retry else len(out) - hits
         return out
 
     get_many = lookup

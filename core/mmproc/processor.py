@@ -56,6 +56,7 @@ from mmproc.hashing import (
     hash_item,
     item_key,
 )
+from mmproc.inflight import InFlight
 from mmproc.inputs import MODALITIES, parse_mm_data
 from mmproc.placeholder_checks import (
     check_placeholder_count,
@@ -195,6 +196,7 @@ class Processor:
         self.cache = ProcessorCache(options.get("cache_bytes"))
         self._context_digests: dict[str, bytes] = {}
         self._processor_config = _processor_config(ctx.model_path)
+        self._in_flight = InFlight()
         self._state_lock = threading.Lock()
         self._placeholder_ids_cache: dict[str, list[int]] | None = None
         self._context_digest({}, self._device_normalize)  # options unfit for a cache key fail here
@@ -344,17 +346,40 @@ class Processor:
             for modality, modality_items in items.items()
         }
         all_keys = [key for modality_keys in keys.values() for key in modality_keys]
-        cached = {
-            key: entry
-            for key, entry in zip(all_keys, self.cache.lookup(all_keys))
-            if entry is not None
-        }
+        cached = self._lookup(all_keys)
+        if self.cache.enabled:
+            # Items another request is computing right now: wait for its result (here, before
+            # reaching a worker, so no worker ever waits) instead of computing them again.
+            misses = [key for key in all_keys if key not in cached]  # repeats kept: statistics
+            if misses and self._in_flight.wait(misses):
+                cached.update(self._lookup(misses, retry=True))
         return _Request(
             prompt, items, keys, cached, self._hf_kwargs(user_kwargs, raw), user_kwargs, raw
         )
 
+    def _lookup(self, keys: list[str], *, retry: bool = False) -> dict[str, dict[str, Any]]:
+        """The cache entries of those ``keys`` that hit (``retry``: see `ProcessorCache.lookup`)."""
+        found = self.cache.lookup(keys, retry=retry)
+        return {key: entry for key, entry in zip(keys, found) if entry is not None}
+
     def _process_prepared(self, request: _Request, *, processor: Any) -> ProcessedInputs:
         """Runs on a worker thread with that thread's processor clone."""
+        owned: list[str] = []
+        if self.cache.enabled:
+            # Whatever another request finished since this one was prepared is a hit now; the
+            # rest is claimed, so that requests prepared from here on wait for it.
+            misses = [k for keys in request.keys.values() for k in keys if k not in request.cached]
+            if misses:
+                request.cached.update(self._lookup(misses, retry=True))
+                owned = self._in_flight.claim(
+                    key for key in dict.fromkeys(misses) if key not in request.cached
+                )
+        try:
+            return self._process_claimed(request, processor)
+        finally:
+            self._in_flight.release(owned)
+
+    def _process_claimed(self, request: _Request, processor: Any) -> ProcessedInputs:
         ctx, model = self.ctx, self.model
         tokenizer = tokenizer_of(processor)
         entries = dict(request.cached)
