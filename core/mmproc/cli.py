@@ -2,8 +2,9 @@
 
 ``mmproc plugins [--json]`` lists plugins; ``mmproc which ARCH_OR_FOLDER [--check]`` says which
 plugin and class serve an architecture; ``mmproc demo`` runs the main job end to end on the
-built-in demo model. Listing plugins imports no model class and no
-transformers: it only reads entry points and runs the plugins' light registration modules.
+built-in demo model; ``mmproc bench [FOLDER]`` measures preprocessing latency and throughput.
+Listing plugins imports no model class and no transformers: it only reads entry points and runs
+the plugins' light registration modules.
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from mmproc.bench import run_bench
+
+    return run_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``mmproc`` command."""
     parser = argparse.ArgumentParser(
@@ -102,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="preprocess, ship and normalise requests on a demo model")
     add_arguments(demo)
     demo.set_defaults(run=_cmd_demo)
+
+    from mmproc.bench import add_arguments as add_bench_arguments
+
+    bench = sub.add_parser("bench", help="measure preprocessing latency and throughput of a model")
+    add_bench_arguments(bench)
+    bench.set_defaults(run=_cmd_bench)
     return parser
 
 

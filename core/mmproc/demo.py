@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_arguments", "run_demo"]
+__all__ = ["add_arguments", "demo_image", "run_demo"]
 
 PROMPT_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 DEMO_SIZES = ((1024, 768), (640, 480), (800, 600), (1280, 720))
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _demo_image(seed: int, size: tuple[int, int]) -> Any:
+def demo_image(seed: int, size: tuple[int, int]) -> Any:
     """A picture with gradients and shapes (resizing real structure, not noise)."""
     import numpy as np
     from PIL import Image, ImageDraw
@@ -108,7 +108,7 @@ def run_demo(args: argparse.Namespace) -> int:
         with get_processor(folder, warm_up=True, **options) as processor:
             print(f"processor: {processor!r}")
             # Images repeat across requests: the later requests are served by the cache.
-            images = [_demo_image(i, DEMO_SIZES[i % len(DEMO_SIZES)]) for i in range(4)]
+            images = [demo_image(i, DEMO_SIZES[i % len(DEMO_SIZES)]) for i in range(4)]
             requests = []
             for r in range(args.requests):
                 count = 1 + r % 2

@@ -1,0 +1,238 @@
+"""``mmproc bench``: how fast preprocessing runs for a model on this machine.
+
+For a local model folder (default: the built-in demo model, a tiny Qwen2-VL) and synthetic media
+of a chosen size, it measures, for each worker count asked for:
+
+* **latency**: one request at a time (cache off), median and 95th percentile;
+* **throughput**: ``--requests`` requests sent by ``--callers`` threads at once (cache off), and
+  its ratio to the first worker count;
+
+and once: a cache hit against a miss, and what one request costs on the wire (bytes, frames, and
+``encode_request`` / ``decode_request`` times). The prompt is the model's own dummy text for one
+item (``get_dummy_text``), so any plugin's model can be measured without writing a prompt.
+
+It prints a table, or JSON with ``--json``. Figures depend on the machine and on what else runs
+on it; they are for choosing ``workers`` and spotting regressions, not for assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_arguments", "run_bench"]
+
+_DISTINCT_ITEMS = 8  # the requests cycle over this many items (the cache is off anyway)
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size must be WIDTHxHEIGHT, got {text!r}") from None
+    if width < 1 or height < 1:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return width, height
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``mmproc bench`` options."""
+    parser.add_argument(
+        "model", nargs="?", help="local model folder (default: the built-in demo model)"
+    )
+    parser.add_argument("--modality", choices=("image", "video", "audio"), default="image")
+    parser.add_argument(
+        "--size", type=_size, default=(1024, 768), help="image / frame size (default 1024x768)"
+    )
+    parser.add_argument("--frames", type=_positive, default=8, help="frames per video")
+    parser.add_argument("--seconds", type=_positive, default=10, help="seconds of audio (16 kHz)")
+    parser.add_argument("--requests", type=_positive, default=32, help="requests per measurement")
+    parser.add_argument("--callers", type=_positive, default=8, help="threads sending requests")
+    parser.add_argument(
+        "--workers", type=_positive, nargs="+", default=[1, 2], help="worker counts to measure"
+    )
+    parser.add_argument("--backend", choices=("pil", "torchvision"), default=None)
+    parser.add_argument(
+        "--no-device-normalize", action="store_true", help="normalise on the CPU (float32 out)"
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON object")
+
+
+def _items(args: argparse.Namespace) -> list[Any]:
+    import numpy as np
+
+    from mmproc.demo import demo_image
+
+    if args.modality == "image":
+        return [demo_image(seed, args.size) for seed in range(_DISTINCT_ITEMS)]
+    if args.modality == "video":
+        return [
+            np.stack([np.asarray(demo_image(seed + t, args.size)) for t in range(args.frames)])
+            for seed in range(_DISTINCT_ITEMS)
+        ]
+    rate = 16000
+    t = np.arange(args.seconds * rate, dtype=np.float32) / rate
+    return [
+        (0.3 * np.sin(2 * np.pi * (220 + 55 * seed) * t).astype(np.float32), rate)
+        for seed in range(_DISTINCT_ITEMS)
+    ]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _median_us(fn: Callable[[], object], calls: int = 200) -> float:
+    fn()
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(rounds)
+
+
+def _measure_workers(folder: Path, options: dict[str, Any], workers: int, args, items) -> dict:
+    from mmproc.processor import get_processor
+
+    with get_processor(folder, workers=workers, cache_bytes=0, warm_up=True, **options) as proc:
+        prompt = proc.model.get_dummy_text(proc.ctx, {args.modality: 1})
+
+        def one(index: int) -> Any:
+            return proc.process(prompt, {args.modality: [items[index % len(items)]]})
+
+        one(0)  # first-call costs
+        latencies = []
+        for index in range(args.requests):
+            start = time.perf_counter()
+            one(index)
+            latencies.append((time.perf_counter() - start) * 1e3)
+        with ThreadPoolExecutor(args.callers) as callers:
+            start = time.perf_counter()
+            list(callers.map(one, range(args.requests)))
+            seconds = time.perf_counter() - start
+        return {
+            "workers": proc.workers,
+            "path": str(proc.path),
+            "device_normalize": proc.norm_spec is not None,
+            "latency_p50_ms": statistics.median(latencies),
+            "latency_p95_ms": _percentile(latencies, 0.95),
+            "throughput_rps": args.requests / seconds,
+        }
+
+
+def _measure_cache_and_wire(folder: Path, options: dict[str, Any], args, items) -> dict:
+    from mmproc.processor import get_processor
+    from mmproc.wire import decode_request, encode_request
+
+    with get_processor(folder, workers=1, warm_up=True, **options) as proc:
+        prompt = proc.model.get_dummy_text(proc.ctx, {args.modality: 1})
+        misses, hits = [], []
+        for index in range(len(items)):
+            for times in (misses, hits, hits):
+                start = time.perf_counter()
+                out = proc.process(prompt, {args.modality: [items[index]]})
+                times.append((time.perf_counter() - start) * 1e3)
+    request = out.to_engine_request("bench")
+    frames = encode_request(request)
+    return {
+        "cache_miss_p50_ms": statistics.median(misses),
+        "cache_hit_p50_ms": statistics.median(hits),
+        "wire_bytes": sum(memoryview(frame).nbytes for frame in frames),
+        "wire_frames": len(frames),
+        "encode_request_us": _median_us(lambda: encode_request(request)),
+        "decode_request_us": _median_us(lambda: decode_request(frames)),
+    }
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    print(
+        f"model: {report['architecture']} (plugin {report['plugin']}), "
+        f"{report['modality']} items of {report['item']}, "
+        f"{'uint8 pixels, device normalisation' if report['device_normalize'] else 'float32'}"
+    )
+    print(
+        f"{report['requests']} requests per row, {report['callers']} caller threads for "
+        "throughput; cache off\n"
+    )
+    print(f"{'workers':>7}  {'p50 ms':>8}  {'p95 ms':>8}  {'req/s':>8}  {'vs first':>8}  path")
+    base = report["rows"][0]["throughput_rps"]
+    for row in report["rows"]:
+        print(
+            f"{row['workers']:>7}  {row['latency_p50_ms']:>8.1f}  {row['latency_p95_ms']:>8.1f}  "
+            f"{row['throughput_rps']:>8.1f}  {row['throughput_rps'] / base:>7.2f}x  {row['path']}"
+        )
+    cache, wire = report["cache"], report["wire"]
+    print(
+        f"\ncache: hit {cache['cache_hit_p50_ms']:.2f} ms, miss {cache['cache_miss_p50_ms']:.2f} "
+        f"ms (p50, one worker)"
+    )
+    print(
+        f"wire: {wire['wire_bytes'] / 2**20:.2f} MiB in {wire['wire_frames']} frames per "
+        f"request; encode_request {wire['encode_request_us']:.1f} us, decode_request "
+        f"{wire['decode_request_us']:.1f} us"
+    )
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark; returns the exit status."""
+    from mmproc.processor import get_processor
+    from mmproc.testing import write_qwen2_vl_folder
+
+    options: dict[str, Any] = {}
+    if args.backend is not None:
+        options["backend"] = args.backend
+    if args.no_device_normalize:
+        options["device_normalize"] = False
+    items = _items(args)
+    with tempfile.TemporaryDirectory(prefix="mmproc-bench-") as tmp:
+        if args.model is None:
+            folder = write_qwen2_vl_folder(Path(tmp) / "demo-qwen2-vl")
+            options.setdefault("backend", "pil")
+        else:
+            folder = Path(args.model)
+        rows = [_measure_workers(folder, options, w, args, items) for w in args.workers]
+        wire = _measure_cache_and_wire(folder, options, args, items)
+        with get_processor(folder, workers=1, warm_up=False, **options) as proc:
+            architecture, plugin = proc.ctx.architecture, proc.ctx.plugin
+    item = {
+        "image": f"{args.size[0]}x{args.size[1]}",
+        "video": f"{args.frames}x{args.size[0]}x{args.size[1]}",
+        "audio": f"{args.seconds} s",
+    }[args.modality]
+    report = {
+        "architecture": architecture,
+        "plugin": plugin,
+        "modality": args.modality,
+        "item": item,
+        "device_normalize": rows[0]["device_normalize"],
+        "requests": args.requests,
+        "callers": args.callers,
+        "rows": rows,
+        "cache": {k: v for k, v in wire.items() if k.startswith("cache")},
+        "wire": {k: v for k, v in wire.items() if not k.startswith("cache")},
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_report(report)
+    return 0

@@ -1,0 +1,60 @@
+"""`mmproc bench`: latency, throughput, cache and wire figures for a model, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mmproc.cli import main
+
+SMALL = ["--requests", "3", "--callers", "2", "--size", "64x48"]
+
+
+def test_bench_reports_every_worker_count_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", *SMALL, "--workers", "1", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["architecture"] == "Qwen2VLForConditionalGeneration"
+    assert report["plugin"] == "qwen_vl"
+    assert (report["modality"], report["item"], report["requests"]) == ("image", "64x48", 3)
+    assert [row["workers"] for row in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        assert row["path"] == "cpu"
+        assert row["device_normalize"] is True
+        assert 0 < row["latency_p50_ms"] <= row["latency_p95_ms"]
+        assert row["throughput_rps"] > 0
+    assert report["cache"]["cache_hit_p50_ms"] > 0
+    assert report["cache"]["cache_miss_p50_ms"] > 0
+    wire = report["wire"]
+    assert wire["wire_frames"] >= 1 and wire["wire_bytes"] > 0
+    assert wire["encode_request_us"] > 0 and wire["decode_request_us"] > 0
+
+
+def test_bench_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", *SMALL, "--workers", "1", "--no-device-normalize"]) == 0
+    out = capsys.readouterr().out
+    assert "image items of 64x48, float32" in out
+    assert "workers    p50 ms    p95 ms     req/s  vs first  path" in out
+    assert "1.00x  cpu" in out
+    assert "cache: hit" in out and "wire: " in out
+
+
+def test_bench_measures_video(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", *SMALL, "--workers", "1", "--modality", "video", "--frames", "2", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["modality"], report["item"]) == ("video", "2x64x48")
+
+
+def test_bench_errors_name_what_was_wrong(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "--size", "64"])
+    assert exited.value.code == 2
+    assert "size must be WIDTHxHEIGHT, got '64'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--workers", "0"])
+    assert "expected a positive integer, got '0'" in capsys.readouterr().err
+    assert main(["bench", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    # a modality the model has no placeholder for: the processing error, not a traceback
+    assert main(["bench", *SMALL, "--workers", "1", "--modality", "audio", "--seconds", "1"]) == 2
+    assert "audio" in capsys.readouterr().err
