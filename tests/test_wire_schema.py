@@ -88,7 +88,10 @@ def test_request_wire_layout() -> None:
     frames = encode_request(request, threshold=1024)
     body = msgpack.unpackb(frames[0])
     assert list(body) == ["schema_version", "request_id", "prompt_token_ids", "features", "params"]
-    assert body["schema_version"] == SCHEMA_VERSION == 1
+    assert body["schema_version"] == SCHEMA_VERSION == 2
+    # token ids: one little-endian int64 array (inline here: 20 ids are 160 bytes < 1024)
+    ids = np.arange(100, 120, dtype="<i8").tobytes()
+    assert body["prompt_token_ids"] == ["<i8", [20], msgpack.ExtType(3, ids)]
     (feature,) = body["features"]
     assert list(feature) == [
         "modality",
@@ -123,8 +126,8 @@ def test_request_without_features_and_with_tensor_params() -> None:
 
 def test_other_schema_version_is_rejected_clearly() -> None:
     wire = make_request().to_wire()
-    wire["schema_version"] = 2
-    with pytest.raises(DecodeError, match=r"schema version 2.*reads version 1"):
+    wire["schema_version"] = 1
+    with pytest.raises(DecodeError, match=r"schema version 1.*reads version 2"):
         decode_request(encode(wire))
     del wire["schema_version"]
     with pytest.raises(DecodeError, match="no 'schema_version'"):
@@ -150,10 +153,14 @@ def test_missing_and_unknown_keys_are_rejected() -> None:
     [
         (("request_id",), 5, "request_id must be a str"),
         (("request_id",), "", "request_id must not be empty"),
-        (("prompt_token_ids",), [1, True], "must hold only ints"),
-        (("prompt_token_ids",), [1, -1], r"\[0, 2\*\*63\)"),
-        (("prompt_token_ids",), [1, 1.0], "must hold only ints"),
-        (("prompt_token_ids",), "abc", "must be a list"),
+        (("prompt_token_ids",), [1, 2], r"prompt_token_ids: expected a tensor"),
+        (("prompt_token_ids",), np.array([1, -1]), r"\[0, 2\*\*63\)"),
+        (("prompt_token_ids",), np.array([1.0, 2.0]), r"'<i8' \(int64\) array, got <f8 array"),
+        (("prompt_token_ids",), np.array([1, 2], dtype="<i4"), r"got <i4 array of shape \(2,\)"),
+        (("prompt_token_ids",), np.zeros((2, 10), dtype="<i8"), r"of shape \(2, 10\)"),
+        (("prompt_token_ids",), torch.arange(20), "got Tensor"),
+        (("prompt_token_ids",), "abc", r"prompt_token_ids: expected a tensor"),
+        (("prompt_token_ids",), np.arange(3), r"spans prompt positions 2\.\.6 but the prompt has"),
         (("features",), {}, "features must be a list"),
         (("features", 0), [1], "feature must be a map"),
         (("features", 0, "offset"), 18, r"spans prompt positions 18\.\.22"),
@@ -207,15 +214,13 @@ def test_token_ids_at_the_ends_of_the_range_are_accepted(ids: list[int]) -> None
 def test_token_ids_out_of_range_are_refused_on_construction_and_decode(ids: list[int]) -> None:
     with pytest.raises(ValueError, match=r"\[0, 2\*\*63\)"):
         EngineRequest("r", ids)
+    if not all(-(2**63) <= i < 2**63 for i in ids):
+        return  # no int64 array can carry them: they cannot reach a receiver at all
     wire = make_request().to_wire()
-    wire["prompt_token_ids"] = ids
+    wire["prompt_token_ids"] = np.array(ids, dtype="<i8")
     wire["features"] = []
-    try:
-        frames = encode(wire)
-    except EncodeError:  # beyond what msgpack can write at all
-        return
     with pytest.raises(DecodeError, match=r"\[0, 2\*\*63\)"):
-        decode_request(frames)
+        decode_request(encode(wire))
 
 
 def test_unusual_but_valid_field_types_take_the_full_checks() -> None:
@@ -294,12 +299,17 @@ def test_decoded_request_tensors_are_views_over_frames() -> None:
     assert pixels.data_ptr() == np.frombuffer(frames[1], dtype=np.uint8).ctypes.data
 
 
-def test_encode_request_writes_the_same_bytes_as_encoding_to_wire() -> None:
-    request = make_request()
+@pytest.mark.parametrize("ids", [[], list(range(100, 120)), list(range(5000))])
+def test_encode_request_writes_the_same_bytes_as_encoding_to_wire(ids: list[int]) -> None:
+    overrides: dict[str, Any] = {"prompt_token_ids": ids}
+    if len(ids) < 20:
+        overrides["features"] = []  # the features' placeholders need 16 prompt positions
+    request = make_request(**overrides)
     direct = encode_request(request, threshold=512)
     generic = encode(request.to_wire(), threshold=512)
     assert direct[0] == generic[0]
     assert [bytes(frame) for frame in direct[1:]] == [bytes(frame) for frame in generic[1:]]
+    assert decode_request(direct).prompt_token_ids == ids
 
 
 def test_from_wire_builds_from_a_generically_decoded_map() -> None:
@@ -307,6 +317,10 @@ def test_from_wire_builds_from_a_generically_decoded_map() -> None:
     assert_same_request(EngineRequest.from_wire(decode(encode_request(request))), request)
     with pytest.raises(DecodeError, match="must be a map"):
         EngineRequest.from_wire([1, 2])
+    wire = request.to_wire()
+    wire["prompt_token_ids"] = request.prompt_token_ids  # a plain list: the v1 layout
+    with pytest.raises(DecodeError, match=r"must be a 1-D '<i8' \(int64\) array, got list"):
+        EngineRequest.from_wire(wire)
 
 
 def test_generic_decode_sees_the_plain_map() -> None:
@@ -367,3 +381,10 @@ def test_a_norm_spec_travels_and_comes_back() -> None:
     )
     decoded = decode_request(encode_request(with_norm))
     assert NormSpec.from_wire(decoded.features[0].norm) == spec
+
+
+def test_token_ids_changed_after_construction_fail_to_encode_with_the_path() -> None:
+    request = EngineRequest("r", [1, 2])
+    request.prompt_token_ids.append(1.5)  # the docs say read-only; this is what happens if not
+    with pytest.raises(EncodeError, match=r"\$\.prompt_token_ids: token ids changed"):
+        encode_request(request)

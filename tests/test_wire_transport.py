@@ -170,16 +170,31 @@ def test_a_request_of_small_frames_is_done_at_once(ipc_address: str) -> None:
 
 
 def test_a_large_body_goes_without_copy_and_is_not_tracked(ipc_address: str) -> None:
-    ids = list(range(100_000))  # a msgpack body of ~300 KiB, no tensors
+    params = {"stop": ["x" * 300_000]}  # a msgpack body of ~300 KiB, no tensors
+    ids = list(range(20))  # 160 bytes: inline
     with RequestReceiver(ipc_address) as receiver, RequestSender(ipc_address) as sender:
         recorder = RecordingSocket(sender._socket)
         sender._socket = recorder  # type: ignore[assignment]
-        tracker = sender.send(EngineRequest("long", ids), timeout=WAIT)
+        tracker = sender.send(EngineRequest("long", ids, [], params), timeout=WAIT)
         ((body, copy, track),) = recorder.sends
         assert len(body) > zmq.COPY_THRESHOLD and (copy, track) == (False, False)
         assert tracker.done and sender.pending == 0  # the body is immutable bytes
         got = receiver.recv(timeout=WAIT)
+        assert got is not None and got.prompt_token_ids == ids and got.params == params
+        sender._socket = recorder.socket
+
+
+def test_long_prompt_ids_leave_as_one_zero_copy_frame(ipc_address: str) -> None:
+    ids = list(range(100_000))
+    with RequestReceiver(ipc_address) as receiver, RequestSender(ipc_address) as sender:
+        recorder = RecordingSocket(sender._socket)
+        sender._socket = recorder  # type: ignore[assignment]
+        sender.send(EngineRequest("long", ids), timeout=WAIT)
+        _, (frame, copy, track) = recorder.sends
+        assert len(frame) == 8 * len(ids) and (copy, track) == (False, True)
+        got = receiver.recv(timeout=WAIT)
         assert got is not None and got.prompt_token_ids == ids
+        assert type(got.prompt_token_ids) is list and type(got.prompt_token_ids[0]) is int
         sender._socket = recorder.socket
 
 

@@ -319,6 +319,15 @@ class _Encoder:
             array = np.ascontiguousarray(array)  # the one copy a non-contiguous array costs
         return [dtype.str, array.shape, self._frame(array)]
 
+    def raw(self, name: str, shape: tuple[int, ...], data: memoryview) -> list[Any]:
+        """``[name, shape, data]`` for bytes already laid out as the dtype ``name`` says (C order,
+        1-D unsigned-byte view): inline below the threshold, else an aux frame viewing them. For
+        callers that build such bytes more cheaply than an array (the request's token ids)."""
+        if data.nbytes < self.threshold:
+            return [name, shape, _ext_raw_view(data.tobytes())]
+        self.frames.append(data)
+        return [name, shape, len(self.frames) - 1]
+
     def _frame(self, array: np.ndarray) -> int:
         """Append a C-contiguous array's bytes as an aux frame; its index. The frame is a view of
         the array's (the tensor's) memory and keeps it alive: nothing is copied."""

@@ -7,13 +7,18 @@ frame once it is at least the zero-copy threshold.
 
 The map, in this key order (tensors as the codec's ``[dtype, shape, data]``)::
 
-    {"schema_version": 1,
+    {"schema_version": 2,
      "request_id": str,
-     "prompt_token_ids": [int, ...],
+     "prompt_token_ids": ["<i8", [n], data],
      "features": [{"modality": str, "item_index": int, "hash": str,
                    "offset": int, "length": int, "is_embed": bool tensor | None,
                    "data": {str: tensor, ...}, "norm": {str: plain value} | None}, ...],
      "params": {str: any codec value}}
+
+The prompt's token ids travel as one little-endian int64 array (numpy's ``"<i8"``), not as a
+msgpack array of ints: packing, parsing and checking one int at a time cost ~20-40 ns a token on
+each side (a 128k-token prompt: ~5.8 ms to decode, against ~2 ms now, most of it creating the
+Python ints of the list the engine gets), and a long prompt's ids leave as a zero-copy frame.
 
 It carries ``schema_version``; a receiver rejects any other version than `SCHEMA_VERSION`
 with a `DecodeError` that says which versions met, so a front end and an engine from different
@@ -22,8 +27,8 @@ releases fail loudly instead of misreading each other.
 Both classes validate on construction (``TypeError`` / ``ValueError`` naming the field) and
 decoding turns any such failure into a `DecodeError`, so a decoded request is as well-formed as
 one built locally. `encode_request` / `decode_request` lay the map out and read it directly
-(same bytes as ``encode(request.to_wire())``): fields validated on construction, the token ids
-above all, are not walked again.
+(same bytes as ``encode(request.to_wire())``): fields validated on construction are not walked
+again, and decoded token ids are checked as one array.
 
 Both classes are frozen; their lists, dicts and tensors are shared, not copied, and must be
 treated as read-only (decoded tensors are views over the received frames).
@@ -37,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
+import numpy as np
 import torch
 
 from mmproc.errors import DecodeError
@@ -45,6 +51,7 @@ from mmproc.wire.codec import (
     Frame,
     _Decoder,
     _Encoder,
+    _Fault,
     _short,
     decode_tree,
     encode_tree,
@@ -58,8 +65,9 @@ __all__ = [
     "encode_request",
 ]
 
-SCHEMA_VERSION: Final = 1
-"""Version of the request layout below; bumped on any incompatible change."""
+SCHEMA_VERSION: Final = 2
+"""Version of the request layout below; bumped on any incompatible change (2: token ids as an
+int64 array)."""
 
 _FEATURE_KEYS: Final = (
     "modality",
@@ -105,6 +113,47 @@ def _token_ids_in_range(ids: list[int]) -> bool:
     if unsigned.itemsize != 8:  # no known platform; the plain way then
         return min(ids) >= 0 and max(ids) <= _MAX_TOKEN_ID
     return memoryview(unsigned).cast("B")[_TOP_BYTE::8].tobytes().isascii()
+
+
+# How token ids travel: one little-endian int64 array.
+_TOKEN_DTYPE: Final = np.dtype("<i8")
+
+
+def _token_bytes(ids: list[int]) -> memoryview:
+    """The ids as the bytes of a little-endian int64 array (one C-level conversion)."""
+    try:
+        packed = array("q", ids)
+    except (TypeError, OverflowError) as exc:
+        # Validated on construction: only a list changed since then gets here.
+        raise _Fault(f"token ids changed after the request was built: {exc}") from None
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return memoryview(packed).cast("B")
+
+
+def _token_array(ids: list[int]) -> np.ndarray:
+    """The ids as the int64 array `to_wire` puts in the map (same bytes as `_token_bytes`)."""
+    try:
+        return np.frombuffer(_token_bytes(ids), dtype=_TOKEN_DTYPE)
+    except _Fault as fault:
+        raise ValueError(f"EngineRequest.prompt_token_ids: {fault.reason}") from None
+
+
+def _token_list(value: Any) -> list[int]:
+    """Decoded token ids: a 1-D ``"<i8"`` array of ids in [0, 2**63), as the list the engine
+    gets. Checked as one array, never int by int."""
+    if type(value) is not np.ndarray or value.dtype != _TOKEN_DTYPE or value.ndim != 1:
+        got = (
+            f"{value.dtype.str} array of shape {value.shape}"
+            if isinstance(value, np.ndarray)
+            else type(value).__name__
+        )
+        raise DecodeError(
+            f"engine request prompt_token_ids must be a 1-D '<i8' (int64) array, got {got}"
+        )
+    if value.size and value.min() < 0:
+        raise DecodeError("bad engine request: prompt_token_ids must lie in [0, 2**63)")
+    return value.tolist()
 
 
 def _index(owner: str, name: str, value: object) -> None:
@@ -327,12 +376,6 @@ class EngineRequest:
 
     def __post_init__(self) -> None:
         owner = "EngineRequest"
-        if not isinstance(self.request_id, str):
-            raise TypeError(
-                f"{owner}.request_id must be a str, got {type(self.request_id).__name__}"
-            )
-        if not self.request_id:
-            raise ValueError(f"{owner}.request_id must not be empty")
         ids = self.prompt_token_ids
         if not isinstance(ids, list):
             raise TypeError(f"{owner}.prompt_token_ids must be a list, got {type(ids).__name__}")
@@ -342,6 +385,38 @@ class EngineRequest:
                 raise TypeError(f"{owner}.prompt_token_ids must hold only ints")
             if not _token_ids_in_range(ids):
                 raise ValueError(f"{owner}.prompt_token_ids must lie in [0, 2**63)")
+        self._check_fields(len(ids))
+
+    @classmethod
+    def _with_checked_ids(
+        cls,
+        request_id: Any,
+        prompt_token_ids: list[int],
+        features: Any,
+        params: Any,
+    ) -> EngineRequest:
+        """Build a request whose token ids are known good (the decoder checked them as one
+        array), checking every other field as the constructor does."""
+        request = object.__new__(cls)
+        for name, value in (
+            ("request_id", request_id),
+            ("prompt_token_ids", prompt_token_ids),
+            ("features", features),
+            ("params", params),
+        ):
+            object.__setattr__(request, name, value)
+        request._check_fields(len(prompt_token_ids))
+        return request
+
+    def _check_fields(self, prompt_length: int) -> None:
+        """Every check but the token ids' own; ``TypeError`` / ``ValueError`` naming the field."""
+        owner = "EngineRequest"
+        if not isinstance(self.request_id, str):
+            raise TypeError(
+                f"{owner}.request_id must be a str, got {type(self.request_id).__name__}"
+            )
+        if not self.request_id:
+            raise ValueError(f"{owner}.request_id must not be empty")
         if not isinstance(self.features, list):
             raise TypeError(f"{owner}.features must be a list, got {type(self.features).__name__}")
         seen: set[tuple[str, int]] = set()
@@ -351,11 +426,11 @@ class EngineRequest:
                     f"{owner}.features[{position}] must be a WireFeature, got "
                     f"{type(feature).__name__}"
                 )
-            if feature.offset + feature.length > len(ids):
+            if feature.offset + feature.length > prompt_length:
                 raise ValueError(
                     f"{owner}.features[{position}] ({feature.modality} {feature.item_index}) "
                     f"spans prompt positions {feature.offset}..{feature.offset + feature.length}"
-                    f" but the prompt has {len(ids)} tokens"
+                    f" but the prompt has {prompt_length} tokens"
                 )
             item = (feature.modality, feature.item_index)
             if item in seen:
@@ -374,24 +449,32 @@ class EngineRequest:
         return {
             "schema_version": SCHEMA_VERSION,
             "request_id": self.request_id,
-            "prompt_token_ids": self.prompt_token_ids,
+            "prompt_token_ids": _token_array(self.prompt_token_ids),
             "features": [feature.to_wire() for feature in self.features],
             "params": self.params,
         }
 
     def _wire_tree(self, encoder: _Encoder) -> dict[str, Any]:
         """`to_wire`, encoded in place. The fields validated on construction go into the tree as
-        they are (the token ids are never walked); params, being free-form, are walked."""
+        they are; params, being free-form, are walked."""
         return {
             "schema_version": SCHEMA_VERSION,
             "request_id": self.request_id,
-            "prompt_token_ids": self.prompt_token_ids,
+            "prompt_token_ids": self._token_tree(encoder),
             "features": [
                 feature._wire_tree(encoder, position)
                 for position, feature in enumerate(self.features)
             ],
             "params": encoder.value(self.params, ("params",)),
         }
+
+    def _token_tree(self, encoder: _Encoder) -> list[Any]:
+        ids = self.prompt_token_ids
+        try:
+            return encoder.raw(_TOKEN_DTYPE.str, (len(ids),), _token_bytes(ids))
+        except _Fault as fault:
+            fault.path.append("prompt_token_ids")
+            raise
 
     @classmethod
     def from_wire(cls, obj: Any) -> EngineRequest:
@@ -466,10 +549,10 @@ def _build_request(obj: Any, tensor: _Resolve, value: _Resolve) -> EngineRequest
             f"engine request features must be a list, got {type(raw_features).__name__}"
         )
     features = [_build_feature(raw, position, tensor) for position, raw in enumerate(raw_features)]
-    # Token ids and request id are checked by the constructor (C-speed for the ids), never walked.
+    ids = _token_list(tensor(obj["prompt_token_ids"], ("prompt_token_ids",)))
     params = value(obj["params"], ("params",))
     try:
-        return EngineRequest(obj["request_id"], obj["prompt_token_ids"], features, params)
+        return EngineRequest._with_checked_ids(obj["request_id"], ids, features, params)
     except (TypeError, ValueError) as exc:
         raise DecodeError(f"bad engine request: {exc}") from None
 
@@ -504,9 +587,8 @@ def encode_request(request: EngineRequest, *, threshold: int | None = None) -> l
 def decode_request(frames: Sequence[Any], *, limits: DecodeLimits | None = None) -> EngineRequest:
     """Decode frames made by `encode_request` into an `EngineRequest` whose tensors are read-only
     views over the frames. Anything malformed, a schema version mismatch included, raises
-    `DecodeError`."""
-    # Read the raw tree once, converting only where the schema holds tensors and params: the
-    # token ids are checked at C speed by the constructor instead of being walked.
+    `DecodeError`. Custom ``limits`` must allow the ``"<i8"`` dtype the token ids travel in."""
+    # Read the raw tree once, converting only where the schema holds tensors and params.
     return decode_tree(frames, limits, _decode_request_tree)
 
 
