@@ -6,7 +6,8 @@ For requests holding 1 or 4 tensors of 1 KiB .. 64 MiB it measures
   with everything inline in the msgpack body (threshold above the tensor size);
 * the peak resident memory each of those adds (Linux: the kernel's high-water mark is reset
   before each measurement through /proc/self/clear_refs);
-* encode_request / decode_request of a whole `EngineRequest` (schema included);
+* encode_request / decode_request of a whole `EngineRequest` (schema included), and of requests
+  that are all prompt, 64 to 128k tokens;
 * ipc:// round trips, each message sent -> decoded -> acked with one byte: the tensors alone
   (encode / decode, as the reference measured) and a whole request (RequestSender ->
   RequestReceiver), each next to the same
@@ -471,6 +472,27 @@ def print_verdict(rows: list[Row]) -> None:
         )
 
 
+PROMPT_LENGTHS = [64, 1024, 16384, 131072]
+
+
+def print_prompt_lengths(budget_s: float) -> None:
+    """encode_request / decode_request of requests that are all prompt (no features): what the
+    token ids cost as the prompt grows (they travel as one int64 array)."""
+    print("\nPrompt length alone (no features): us per request")
+    print(f"{'tokens':>8} | {'encode':>9} {'decode':>9} | {'ns/token enc':>12} {'dec':>6}")
+    for length in PROMPT_LENGTHS:
+        rng = torch.Generator().manual_seed(length)
+        ids = torch.randint(0, 151_000, (length,), generator=rng).tolist()
+        request = EngineRequest("bench", ids)
+        frames = encode_request(request)
+        enc = time_per_call(lambda r=request: encode_request(r), budget_s=budget_s)
+        dec = time_per_call(lambda f=frames: decode_request(f), budget_s=budget_s)
+        print(
+            f"{length:>8} | {_us(enc):>9} {_us(dec):>9} | {enc / length * 1e9:>12.1f} "
+            f"{dec / length * 1e9:>6.1f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="sizes up to 1 MiB, short budgets")
@@ -498,6 +520,7 @@ def main() -> None:
             engine.close()
     jiffies_after = _cpu_jiffies()
     print_tables(rows)
+    print_prompt_lengths(budget_s)
     print_verdict(rows)
     if jiffies_before is not None and jiffies_after is not None:
         busy = (jiffies_after[0] - jiffies_before[0]) / max(1, jiffies_after[1] - jiffies_before[1])
