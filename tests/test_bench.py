@@ -58,3 +58,16 @@ def test_bench_errors_name_what_was_wrong(capsys: pytest.CaptureFixture[str], tm
     # a modality the model has no placeholder for: the processing error, not a traceback
     assert main(["bench", *SMALL, "--workers", "1", "--modality", "audio", "--seconds", "1"]) == 2
     assert "audio" in capsys.readouterr().err
+
+
+def test_bench_passes_other_options_to_the_processor(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", *SMALL, "--workers", "1", "--option", "hash_algorithm=xxh3", "--json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["workers"] == 1
+    assert main(["bench", *SMALL, "--workers", "1", "--option", "hash_algo=xxh3"]) == 2
+    assert "did you mean 'hash_algorithm'" in capsys.readouterr().err
+    assert main(["bench", *SMALL, "--option", "workers=3"]) == 2
+    assert "use --workers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--option", "novalue"])
+    assert "option must be KEY=VALUE" in capsys.readouterr().err

@@ -52,6 +52,18 @@ def _positive(text: str) -> int:
     return value
 
 
+def _option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``: the value as JSON when it parses (``4``, ``false``, ``{"a": 1}``), else the
+    plain string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"option must be KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``mmproc bench`` options."""
     parser.add_argument(
@@ -71,6 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("pil", "torchvision"), default=None)
     parser.add_argument(
         "--no-device-normalize", action="store_true", help="normalise on the CPU (float32 out)"
+    )
+    parser.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other get_processor option, e.g. hash_algorithm=xxh3 (repeatable)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON object")
 
@@ -195,10 +215,14 @@ def _print_report(report: dict[str, Any]) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; returns the exit status."""
+    from mmproc.errors import ConfigurationError
     from mmproc.processor import get_processor
     from mmproc.testing import write_qwen2_vl_folder
 
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = dict(args.option)
+    for managed in ("workers", "cache_bytes", "warm_up"):
+        if managed in options:
+            raise ConfigurationError(f"mmproc bench sets {managed} itself; use --workers")
     if args.backend is not None:
         options["backend"] = args.backend
     if args.no_device_normalize:
