@@ -2,46 +2,64 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 from mmproc.inflight import InFlight
 
 
-def test_nothing_in_flight_means_no_wait() -> None:
+def test_nothing_claimed_means_no_wait() -> None:
     flight = InFlight()
     assert flight.wait(["a", "b"]) is False
-    assert len(flight) == 0
+    assert asyncio.run(flight.wait_async(["a"])) is False
+    assert (len(flight), flight.waiting) == (0, 0)
 
 
 def test_claim_takes_only_free_keys_and_release_frees_them() -> None:
     flight = InFlight()
-    assert flight.claim(["a", "b"]) == ["a", "b"]
-    assert flight.claim(["b", "c"]) == ["c"]
+    assert flight.claim(["a", "b"]) == {"a", "b"}
+    assert flight.claim(["b", "c"]) == {"c"}
     assert len(flight) == 3
     flight.release(["a", "b", "c"])
-    flight.release(["a", "never-claimed"])  # idempotent, unknown keys ignored
+    flight.release(["a", "never-claimed"])  # twice, or never claimed: harmless
     assert len(flight) == 0
-    assert flight.claim(["a"]) == ["a"]
+    assert flight.claim(["a"]) == {"a"}
 
 
 def test_waiters_wake_when_the_owner_releases() -> None:
     flight = InFlight()
     owned = flight.claim(["img"])
-    started, waited = threading.Event(), []
-
-    def waiter() -> None:
-        started.set()
-        waited.append(flight.wait(["img", "other"]))
-
-    threads = [threading.Thread(target=waiter) for _ in range(3)]
+    waited: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda: waited.append(flight.wait(["img", "other"])))
+        for _ in range(3)
+    ]
     for thread in threads:
         thread.start()
-    assert started.wait(10)
     for thread in threads:
         thread.join(0.05)
-        assert thread.is_alive()  # held while the key is in flight
+        assert thread.is_alive()  # held while the key is claimed
+    assert flight.waiting == 3
     flight.release(owned)
     for thread in threads:
         thread.join(10)
         assert not thread.is_alive()
     assert waited == [True, True, True]
+    assert flight.waiting == 0
+
+
+def test_async_waiters_hold_no_thread_and_wake_on_release() -> None:
+    flight = InFlight()
+    owned = flight.claim(["img"])
+
+    async def main() -> list[bool]:
+        waiters = [asyncio.ensure_future(flight.wait_async(["img"])) for _ in range(50)]
+        await asyncio.sleep(0.05)
+        assert not any(w.done() for w in waiters)
+        assert flight.waiting == 50
+        # released from another thread, as a worker does
+        threading.Thread(target=flight.release, args=(owned,)).start()
+        return await asyncio.wait_for(asyncio.gather(*waiters), timeout=10)
+
+    assert asyncio.run(main()) == [True] * 50
+    assert flight.waiting == 0

@@ -136,7 +136,7 @@ class GatedTinyQwen(TinyQwen):
         self.entered.set()
         assert self.gate.wait(30), "the test never opened the gate"
         if self.failing:
-            raise RuntimeError("gated model told to fail")
+            raise RuntimeError(f"gated model told to fail (call {len(self.calls)})")
         return None
 
 
@@ -621,11 +621,11 @@ def test_concurrent_misses_of_one_item_compute_it_once(folder, registry, workers
         with ThreadPoolExecutor(2) as callers:
             first = callers.submit(proc.process, IMAGE, {"image": [picture]})
             assert model.entered.wait(30)
-            # The second request is prepared while the first computes the item: it waits for
-            # that result (with one worker: in the caller's thread, not behind the first).
+            # The second request arrives while the first computes the item: it waits for that
+            # result (in its caller's thread, not on a worker: with one worker that is the
+            # difference between waiting and deadlock).
             second = callers.submit(proc.process, IMAGE + IMAGE, {"image": [picture, picture]})
-            _wait_until(lambda: len(proc._in_flight) == 1)
-            time.sleep(0.05)
+            _wait_until(lambda: proc._in_flight.waiting == 1)
             assert not second.done()
             model.gate.set()
             one, two = first.result(30), second.result(30)
@@ -635,7 +635,38 @@ def test_concurrent_misses_of_one_item_compute_it_once(folder, registry, workers
         assert torch.equal(feature.data["pixel_values"], one.features[0].data["pixel_values"])
     stats = proc.cache.stats()
     assert (stats.hits, stats.misses) == (2, 1)
-    assert len(proc._in_flight) == 0
+    assert (len(proc._in_flight), proc._in_flight.waiting) == (0, 0)
+
+
+def test_async_waiters_do_not_hold_up_other_requests(folder, registry) -> None:
+    picture = image(98)
+    with get_processor(
+        copy_folder(folder, "GatedTinyQwen"),
+        registry=registry,
+        workers=2,
+        io_workers=1,  # one prepare thread: a waiter holding it would stall everything
+        warm_up=True,
+    ) as proc:
+        model = proc.model.model_instance
+
+        async def main() -> None:
+            owner = asyncio.ensure_future(proc.process_async(IMAGE, {"image": [picture]}))
+            await asyncio.get_running_loop().run_in_executor(None, model.entered.wait, 30)
+            waiters = [
+                asyncio.ensure_future(proc.process_async(IMAGE, {"image": [picture]}))
+                for _ in range(3)
+            ]
+            while proc._in_flight.waiting < 3:
+                await asyncio.sleep(0.005)
+            # A text-only request goes through while the gate is still closed.
+            text = await asyncio.wait_for(proc.process_async("hello there"), timeout=30)
+            assert text.features == [] and not owner.done()
+            model.gate.set()
+            results = await asyncio.wait_for(asyncio.gather(owner, *waiters), timeout=30)
+            assert len({r.features[0].hash for r in results}) == 1
+
+        asyncio.run(main())
+    assert model.calls == [1]
 
 
 def test_a_waiter_computes_the_item_itself_when_the_owner_fails(folder, registry) -> None:
@@ -649,14 +680,14 @@ def test_a_waiter_computes_the_item_itself_when_the_owner_fails(folder, registry
             first = callers.submit(proc.process, IMAGE, {"image": [picture]})
             assert model.entered.wait(30)
             second = callers.submit(proc.process, IMAGE, {"image": [picture]})
-            _wait_until(lambda: len(proc._in_flight) == 1)
+            _wait_until(lambda: proc._in_flight.waiting == 1)
             model.gate.set()
-            with pytest.raises(MediaItemError, match="gated model told to fail"):
+            with pytest.raises(MediaItemError, match=r"told to fail \(call 1\)"):
                 first.result(30)
-            with pytest.raises(MediaItemError, match="gated model told to fail"):
-                second.result(30)  # not stuck, and not handed the owner's failure: its own
-        assert len(model.calls) >= 2
-        assert len(proc._in_flight) == 0
+            # not stuck, and not handed the owner's failure: its own, from a later call
+            with pytest.raises(MediaItemError, match=r"told to fail \(call [2-9]\)"):
+                second.result(30)
+        assert (len(proc._in_flight), proc._in_flight.waiting) == (0, 0)
         model.failing = False
         assert proc.process(IMAGE, {"image": [picture]}).features  # nothing left claimed
 
@@ -675,8 +706,8 @@ def test_an_uncacheable_result_is_computed_again_by_the_waiter(folder, registry)
             first = callers.submit(proc.process, IMAGE, {"image": [picture]})
             assert model.entered.wait(30)
             second = callers.submit(proc.process, IMAGE, {"image": [picture]})
-            _wait_until(lambda: len(proc._in_flight) == 1)
+            _wait_until(lambda: proc._in_flight.waiting == 1)  # it did wait...
             model.gate.set()
             one, two = first.result(30), second.result(30)
-    assert model.calls == [1, 1]
+    assert model.calls == [1, 1]  # ...and then computed the item, which the cache could not keep
     assert one.features[0].hash == two.features[0].hash

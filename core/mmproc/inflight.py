@@ -1,61 +1,99 @@
-"""Single flight for cache misses: one computation per item, however many requests carry it.
+"""Single flight for cache misses: a request that misses an item another request is computing
+right now waits for that result instead of computing the item again.
 
-When several requests miss the same item at once (a popular image, a shared system image), the
-first one to reach a worker computes it and the others wait for that result in the cache instead
-of computing it again.
+Who waits for whom: a request *claims* the items it is about to compute when it reaches a worker,
+and *releases* them once their outputs are in the cache (or the computation failed). A request
+that finds one of its items claimed before it goes to a worker waits for the release, then looks
+the item up again. Requests that reached a worker before the claim was made compute the item too:
+single flight covers the requests that arrive while an item is being computed, which is when
+duplicates pile up (a burst of requests carrying one popular image).
 
-Deadlock-free by construction: requests wait only while they are being prepared (on the caller's
-or the prepare pool's thread), never on a worker, and never while they own a key; owners claim
-keys on a worker and release them in a ``finally`` on that same worker call, whatever happens.
-A waiter whose owner failed, or whose result did not reach the cache, simply computes the item
-itself.
+No deadlock: requests wait before reaching a worker, never on one, and never while they own
+claims. Claims are made and released within one worker call, in a ``finally``. No head-of-line
+blocking: async requests wait on the event loop (`wait_async`), holding no thread. A waiter whose
+owner failed, or whose result did not fit the cache, computes the item itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterable
+from concurrent.futures import Future
 
 __all__ = ["InFlight"]
 
 
 class InFlight:
-    """The cache keys being computed right now, each with an event set when it is done."""
+    """The cache keys being computed right now, each with a future completed on release."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._events: dict[str, threading.Event] = {}
+        self._futures: dict[str, Future[None]] = {}
+        self._waiting = 0
 
     def __len__(self) -> int:
+        """Keys claimed right now."""
         with self._lock:
-            return len(self._events)
+            return len(self._futures)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a release right now."""
+        with self._lock:
+            return self._waiting
+
+    def _pending(self, keys: Iterable[str]) -> list[Future[None]]:
+        with self._lock:
+            futures = [f for key in keys if (f := self._futures.get(key)) is not None]
+            if futures:
+                self._waiting += 1
+            return futures
+
+    def _done_waiting(self) -> None:
+        with self._lock:
+            self._waiting -= 1
 
     def wait(self, keys: Iterable[str]) -> bool:
-        """Wait until none of ``keys`` is being computed; whether there was anything to wait for.
+        """Block until none of ``keys`` is claimed; whether any was. Never call it while owning
+        claims, nor on a worker thread (see the module docs)."""
+        futures = self._pending(keys)
+        if not futures:
+            return False
+        try:
+            for future in futures:
+                future.result()
+        finally:
+            self._done_waiting()
+        return True
 
-        Never call this while owning keys (see `claim`): two requests waiting for each other's
-        keys would wait forever."""
-        with self._lock:
-            events = [event for key in keys if (event := self._events.get(key)) is not None]
-        for event in events:
-            event.wait()
-        return bool(events)
+    async def wait_async(self, keys: Iterable[str]) -> bool:
+        """`wait`, on the event loop: no thread is held while waiting."""
+        futures = self._pending(keys)
+        if not futures:
+            return False
+        try:
+            await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
+        finally:
+            self._done_waiting()
+        return True
 
-    def claim(self, keys: Iterable[str]) -> list[str]:
-        """Take ownership of those ``keys`` nobody is computing; the keys now owned. Whoever
-        claims must `release` them, in a ``finally``."""
-        claimed = []
+    def claim(self, keys: Iterable[str]) -> set[str]:
+        """Take the claim on those ``keys`` nobody has claimed; the keys now owned. The owner must
+        `release` them, in a ``finally``."""
+        claimed = set()
         with self._lock:
             for key in keys:
-                if key not in self._events:
-                    self._events[key] = threading.Event()
-                    claimed.append(key)
+                if key not in self._futures:
+                    self._futures[key] = Future()
+                    claimed.add(key)
         return claimed
 
     def release(self, keys: Iterable[str]) -> None:
-        """Mark ``keys`` (owned by the caller) done, waking whoever waits for them."""
+        """End the claims on ``keys``, which the caller owns, waking whoever waits for them.
+        Releasing a key twice is harmless."""
         with self._lock:
-            events = [self._events.pop(key, None) for key in keys]
-        for event in events:
-            if event is not None:
-                event.set()
+            futures = [self._futures.pop(key, None) for key in keys]
+        for future in futures:
+            if future is not None and not future.done():
+                future.set_result(None)

@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,10 +137,15 @@ class _Request:
     hf_kwargs: dict[str, Any]  # what the HF processor gets: the processor's own plus the user's
     user_kwargs: dict[str, Any]
     raw: bool  # pixels come out raw (rescale and normalise off) for device normalisation
+    owned: set[str] = field(default_factory=set)  # keys this request claimed (mmproc.inflight)
 
     @property
     def mm_counts(self) -> dict[str, int]:
         return {modality: len(items) for modality, items in self.items.items()}
+
+    def misses(self) -> list[str]:
+        """The keys of the items not in the cache, repeats kept (cache statistics count them)."""
+        return [key for keys in self.keys.values() for key in keys if key not in self.cached]
 
     def missing(self) -> dict[str, list[tuple[str, Any]]]:
         """Modality -> (key, item) of each distinct item not in the cache."""
@@ -309,6 +314,7 @@ class Processor:
     ) -> ProcessedInputs:
         """Preprocess one request: ``prompt`` (text or token ids) and its media."""
         request = self._prepare(prompt, mm_data or {}, hf_kwargs)
+        self._in_flight.wait(request.misses())  # items other requests are computing right now
         return self._pool.run(self._process_prepared, request)
 
     async def process_async(
@@ -324,6 +330,9 @@ class Processor:
         request = await loop.run_in_executor(
             self._prepare_pool, self._prepare, prompt, mm_data or {}, hf_kwargs
         )
+        # Waiting for items other requests compute holds no thread: the prepare pool stays free
+        # for the requests behind this one.
+        await self._in_flight.wait_async(request.misses())
         return await self._pool.run_async(self._process_prepared, request)
 
     def _prepare(
@@ -347,12 +356,6 @@ class Processor:
         }
         all_keys = [key for modality_keys in keys.values() for key in modality_keys]
         cached = self._lookup(all_keys)
-        if self.cache.enabled:
-            # Items another request is computing right now: wait for its result (here, before
-            # reaching a worker, so no worker ever waits) instead of computing them again.
-            misses = [key for key in all_keys if key not in cached]  # repeats kept: statistics
-            if misses and self._in_flight.wait(misses):
-                cached.update(self._lookup(misses, retry=True))
         return _Request(
             prompt, items, keys, cached, self._hf_kwargs(user_kwargs, raw), user_kwargs, raw
         )
@@ -364,20 +367,16 @@ class Processor:
 
     def _process_prepared(self, request: _Request, *, processor: Any) -> ProcessedInputs:
         """Runs on a worker thread with that thread's processor clone."""
-        owned: list[str] = []
-        if self.cache.enabled:
-            # Whatever another request finished since this one was prepared is a hit now; the
-            # rest is claimed, so that requests prepared from here on wait for it.
-            misses = [k for keys in request.keys.values() for k in keys if k not in request.cached]
-            if misses:
-                request.cached.update(self._lookup(misses, retry=True))
-                owned = self._in_flight.claim(
-                    key for key in dict.fromkeys(misses) if key not in request.cached
-                )
+        if self.cache.enabled and (misses := request.misses()):
+            # Whatever other requests finished since this one was prepared (or while it waited
+            # for them) is a hit now; the rest is claimed, so that requests arriving from here on
+            # wait for it instead of computing it too.
+            request.cached.update(self._lookup(misses, retry=True))
+            request.owned = self._in_flight.claim(k for k in misses if k not in request.cached)
         try:
             return self._process_claimed(request, processor)
         finally:
-            self._in_flight.release(owned)
+            self._in_flight.release(request.owned)  # also when processing failed
 
     def _process_claimed(self, request: _Request, processor: Any) -> ProcessedInputs:
         ctx, model = self.ctx, self.model
@@ -474,6 +473,8 @@ class Processor:
             # batch tensor is freed with the request rather than held by views.
             new_entries = {key: compact_entry(entry) for key, entry in new_entries.items()}
             self.cache.insert(new_entries, protect=[*request.cached, *new_entries])
+            # The results are in the cache: waiters need not wait for the rest of this request.
+            self._in_flight.release(request.owned.intersection(new_entries))
         return new_entries, expanded_ids
 
     def _split(self, outputs: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:
