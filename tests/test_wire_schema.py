@@ -158,7 +158,7 @@ def test_missing_and_unknown_keys_are_rejected() -> None:
         (("prompt_token_ids",), np.array([1.0, 2.0]), r"'<i8' \(int64\) array, got <f8 array"),
         (("prompt_token_ids",), np.array([1, 2], dtype="<i4"), r"got <i4 array of shape \(2,\)"),
         (("prompt_token_ids",), np.zeros((2, 10), dtype="<i8"), r"of shape \(2, 10\)"),
-        (("prompt_token_ids",), torch.arange(20), "got Tensor"),
+        (("prompt_token_ids",), torch.arange(20), r"got torch.int64 tensor of shape \(20,\)"),
         (("prompt_token_ids",), "abc", r"prompt_token_ids: expected a tensor"),
         (("prompt_token_ids",), np.arange(3), r"spans prompt positions 2\.\.6 but the prompt has"),
         (("features",), {}, "features must be a list"),
@@ -388,3 +388,16 @@ def test_token_ids_changed_after_construction_fail_to_encode_with_the_path() -> 
     request.prompt_token_ids.append(1.5)  # the docs say read-only; this is what happens if not
     with pytest.raises(EncodeError, match=r"\$\.prompt_token_ids: token ids changed"):
         encode_request(request)
+
+
+def test_a_prompt_over_the_token_limit_is_refused_before_its_ints_are_made() -> None:
+    from mmproc.wire import DecodeLimits
+
+    frames = encode_request(EngineRequest("r", list(range(10_000))))
+    limits = DecodeLimits(max_prompt_tokens=9_999)
+    with pytest.raises(DecodeError, match=r"10000 prompt token ids, more than the limit of 9999"):
+        decode_request(frames, limits=limits)
+    assert (
+        len(decode_request(frames, limits=DecodeLimits(max_prompt_tokens=10_000)).prompt_token_ids)
+        == 10_000
+    )

@@ -387,3 +387,8 @@ def test_bad_settings_are_configuration_errors(ipc_address: str) -> None:
         DecodeLimits(max_frames=0)
     with pytest.raises(ConfigurationError, match="cannot be allowed"):
         DecodeLimits(allowed_dtypes={"|O"})
+    with pytest.raises(ConfigurationError, match="max_prompt_tokens"):
+        DecodeLimits(max_prompt_tokens=0)
+    # token ids travel as '<i8': a receiver that could decode no request fails at start-up
+    with pytest.raises(ConfigurationError, match="must allow the '<i8' dtype"):
+        RequestReceiver(ipc_address, limits=DecodeLimits(allowed_dtypes={"uint8", "int64"}))

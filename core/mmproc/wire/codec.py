@@ -425,6 +425,10 @@ class DecodeLimits:
     """Most arrays and maps in the body; bounds the memory the parse itself allocates."""
     max_ndim: int = 32
     """Most dimensions in a tensor's shape."""
+    max_prompt_tokens: int = 1 << 22
+    """Most prompt token ids in one engine request (4,194,304). They arrive as one int64 array,
+    possibly an aux frame that only ``max_total_bytes`` bounds, and each becomes a Python int
+    (~36 bytes with its list slot): this keeps one message from costing gigabytes."""
     allowed_dtypes: frozenset[str] = DEFAULT_ALLOWED_DTYPES
     """Wire dtype names rebuilt; any other dtype is a `DecodeError`. Only plain binary element
     types (bool, integer, float, complex) can be allowed."""
@@ -438,6 +442,7 @@ class DecodeLimits:
             "max_depth",
             "max_containers",
             "max_ndim",
+            "max_prompt_tokens",
         ):
             _positive(name, getattr(self, name))
         if self.max_depth > _DEPTH_CEILING:
@@ -518,9 +523,10 @@ def _frombuffer(buffer: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:
 class _Decoder:
     """One decode call: validates the parsed tree and builds tensors over the frames."""
 
-    __slots__ = ("dtypes", "frames", "max_depth", "max_ndim", "used")
+    __slots__ = ("dtypes", "frames", "limits", "max_depth", "max_ndim", "used")
 
     def __init__(self, limits: DecodeLimits, frames: list[memoryview]) -> None:
+        self.limits = limits
         self.dtypes = limits._dtypes
         self.max_depth = limits.max_depth
         self.max_ndim = limits.max_ndim

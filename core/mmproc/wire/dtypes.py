@@ -143,11 +143,14 @@ _DEFAULT_NUMPY = (
     "float64",
 )
 
-DEFAULT_ALLOWED_DTYPES: frozenset[str] = frozenset(_DEFAULT_TORCH) | frozenset(
-    np.dtype(name).str for name in _DEFAULT_NUMPY
+DEFAULT_ALLOWED_DTYPES: frozenset[str] = (
+    frozenset(_DEFAULT_TORCH)
+    | frozenset(np.dtype(name).str for name in _DEFAULT_NUMPY)
+    | {"<i8"}  # the request schema's token ids, little-endian on every machine
 )
 """What a decoder rebuilds by default: the usual model-input dtypes, torch and numpy (in this
-machine's byte order). Complex, unsigned torch and float8 names are known but must be opted in."""
+machine's byte order), plus ``"<i8"``, which engine requests carry their token ids in. Complex,
+unsigned torch and float8 names are known but must be opted in."""
 
 
 def torch_wire_name(dtype: torch.dtype) -> str:

@@ -124,7 +124,8 @@ def _token_bytes(ids: list[int]) -> memoryview:
     try:
         packed = array("q", ids)
     except (TypeError, OverflowError) as exc:
-        # Validated on construction: only a list changed since then gets here.
+        # Validated on construction: only a list changed since then to hold a non-int or an int
+        # past 64 bits gets here (other changes, a negative id say, are caught by the receiver).
         raise _Fault(f"token ids changed after the request was built: {exc}") from None
     if sys.byteorder == "big":
         packed.byteswap()
@@ -139,17 +140,23 @@ def _token_array(ids: list[int]) -> np.ndarray:
         raise ValueError(f"EngineRequest.prompt_token_ids: {fault.reason}") from None
 
 
-def _token_list(value: Any) -> list[int]:
-    """Decoded token ids: a 1-D ``"<i8"`` array of ids in [0, 2**63), as the list the engine
-    gets. Checked as one array, never int by int."""
+def _token_list(value: Any, max_tokens: int | None) -> list[int]:
+    """Decoded token ids: a 1-D ``"<i8"`` array of at most ``max_tokens`` ids in [0, 2**63), as
+    the list the engine gets. Checked as one array, never int by int, before any int is made."""
     if type(value) is not np.ndarray or value.dtype != _TOKEN_DTYPE or value.ndim != 1:
-        got = (
-            f"{value.dtype.str} array of shape {value.shape}"
-            if isinstance(value, np.ndarray)
-            else type(value).__name__
-        )
+        if isinstance(value, np.ndarray):
+            got = f"{value.dtype.str} array of shape {value.shape}"
+        elif isinstance(value, torch.Tensor):
+            got = f"{value.dtype} tensor of shape {tuple(value.shape)}"
+        else:
+            got = type(value).__name__
         raise DecodeError(
             f"engine request prompt_token_ids must be a 1-D '<i8' (int64) array, got {got}"
+        )
+    if max_tokens is not None and len(value) > max_tokens:
+        raise DecodeError(
+            f"engine request has {len(value)} prompt token ids, more than the limit of "
+            f"{max_tokens} (DecodeLimits.max_prompt_tokens)"
         )
     if value.size and value.min() < 0:
         raise DecodeError("bad engine request: prompt_token_ids must lie in [0, 2**63)")
@@ -483,7 +490,7 @@ class EngineRequest:
         Raises `DecodeError` for a schema version other than `SCHEMA_VERSION`, a missing or
         unknown key, or any field that fails validation (naming the feature at fault).
         """
-        return _build_request(obj, _as_is, _as_is)
+        return _build_request(obj, _as_is, _as_is, None)
 
 
 # How the builders below get a field's final value: as it is (a map `decode` already converted),
@@ -530,7 +537,9 @@ def _build_feature(raw: Any, position: int, tensor: _Resolve) -> WireFeature:
         raise DecodeError(f"engine request feature {position}: bad feature: {exc}") from None
 
 
-def _build_request(obj: Any, tensor: _Resolve, value: _Resolve) -> EngineRequest:
+def _build_request(
+    obj: Any, tensor: _Resolve, value: _Resolve, max_tokens: int | None
+) -> EngineRequest:
     if type(obj) is not dict:
         raise DecodeError(f"an engine request must be a map, got {type(obj).__name__}")
     version = obj.get("schema_version")
@@ -549,7 +558,7 @@ def _build_request(obj: Any, tensor: _Resolve, value: _Resolve) -> EngineRequest
             f"engine request features must be a list, got {type(raw_features).__name__}"
         )
     features = [_build_feature(raw, position, tensor) for position, raw in enumerate(raw_features)]
-    ids = _token_list(tensor(obj["prompt_token_ids"], ("prompt_token_ids",)))
+    ids = _token_list(tensor(obj["prompt_token_ids"], ("prompt_token_ids",)), max_tokens)
     params = value(obj["params"], ("params",))
     try:
         return EngineRequest._with_checked_ids(obj["request_id"], ids, features, params)
@@ -587,10 +596,11 @@ def encode_request(request: EngineRequest, *, threshold: int | None = None) -> l
 def decode_request(frames: Sequence[Any], *, limits: DecodeLimits | None = None) -> EngineRequest:
     """Decode frames made by `encode_request` into an `EngineRequest` whose tensors are read-only
     views over the frames. Anything malformed, a schema version mismatch included, raises
-    `DecodeError`. Custom ``limits`` must allow the ``"<i8"`` dtype the token ids travel in."""
+    `DecodeError`. Custom ``limits`` must allow the ``"<i8"`` dtype the token ids travel in
+    (`RequestReceiver` checks that at start-up)."""
     # Read the raw tree once, converting only where the schema holds tensors and params.
     return decode_tree(frames, limits, _decode_request_tree)
 
 
 def _decode_request_tree(tree: Any, decoder: _Decoder) -> EngineRequest:
-    return _build_request(tree, decoder.tensor, decoder.value)
+    return _build_request(tree, decoder.tensor, decoder.value, decoder.limits.max_prompt_tokens)

@@ -9,8 +9,9 @@ frames keep the tensors alive until ZMQ has written them out, and `RequestSender
 for those a copy is cheaper than zero-copy bookkeeping; the sender asks for that copy directly and
 tracks nothing for them, so a request made only of such frames gets a tracker that is done at
 once. Frame 0 is never tracked: it is a ``bytes`` object of the message's own that nothing else
-can modify (a large one still goes without a copy). The receiver takes frames without copying and
-decodes tensors as read-only views over them.
+can modify (a large one still goes without a copy). Every larger aux frame is tracked, the token
+ids of a long prompt (8k tokens and more) included, although that array is the message's own.
+The receiver takes frames without copying and decodes tensors as read-only views over them.
 
 Queues are bounded by high-water marks (messages): a sender blocks (or times out) when the engine
 falls behind, instead of buffering without limit. The receiver is the engine's attack surface: a
@@ -306,6 +307,11 @@ class RequestReceiver(_Endpoint):
         if poll_interval <= 0:
             raise ConfigurationError(f"poll_interval must be > 0 seconds, got {poll_interval}")
         self._limits = DEFAULT_LIMITS if limits is None else limits
+        if "<i8" not in self._limits.allowed_dtypes:
+            raise ConfigurationError(
+                "RequestReceiver limits must allow the '<i8' dtype: engine requests carry their "
+                "prompt token ids in it (add it to DecodeLimits.allowed_dtypes)"
+            )
         self._poll_ms = max(1, round(poll_interval * 1000))
         self._stop = threading.Event()
         self.received = 0
