@@ -31,7 +31,10 @@ def _gradient() -> Image.Image:
 # HASH_FORMAT_VERSION on purpose when the framing changes, then update these.
 GOLDEN = {
     # algorithm: (image hash, context digest)
-    "blake3": ("32e59a58fdfd9195bd989b5d795e0b4c", "a63cff39e8d39f47ddb20b0344f1d5b7"),
+    "blake3": (
+        "32e59a58fdfd9195bd989b5d795e0b4cecf8ef4b0821a5cf1602d93afd2caa69",
+        "a63cff39e8d39f47ddb20b0344f1d5b7bd463685a00d3f041845bc7d6db86141",
+    ),
     "xxh3": ("bf8615ec6c53a2819a7e81e9d522bd4c", "e3efad563560d4dad57ca2320ed8511d"),
 }
 
@@ -40,19 +43,22 @@ def _reference(algorithm: str, stream: bytes) -> str:
     """The hash of a documented byte stream, computed with the hash library directly."""
     if algorithm == "xxh3":
         return xxhash.xxh3_128(stream).hexdigest()
-    return blake3.blake3(stream).hexdigest(length=16)
+    return blake3.blake3(stream).hexdigest()
 
 
 algorithms = pytest.mark.parametrize("algorithm", HASH_ALGORITHMS)
 
 
-def test_hash_is_hex_and_deterministic() -> None:
+@pytest.mark.parametrize(("algorithm", "digits"), [("blake3", 64), ("xxh3", 32)])
+def test_hash_is_hex_and_deterministic(algorithm: str, digits: int) -> None:
     image = _gradient()
-    first = hash_item("image", image)
-    assert len(first) == 32
+    first = hash_item("image", image, algorithm)
+    assert len(first) == digits
     int(first, 16)
-    assert hash_item("image", image) == first
-    assert hash_item("image", _gradient()) == first
+    assert len(hash_context("A", {}, {}, algorithm)) == digits // 2
+    assert len(item_key(hash_context("A", {}, {}, algorithm), first, algorithm)) == digits
+    assert hash_item("image", image, algorithm) == first
+    assert hash_item("image", _gradient(), algorithm) == first
 
 
 @algorithms
@@ -233,7 +239,7 @@ def test_context_is_order_insensitive_and_value_sensitive() -> None:
     a = hash_context(arch, {"min_pixels": 3136, "max_pixels": 12845056}, {"fps": 2, "x": [1, 2]})
     b = hash_context(arch, {"max_pixels": 12845056, "min_pixels": 3136}, {"x": [1, 2], "fps": 2})
     assert a == b
-    assert len(a) == 16
+    assert len(a) == 32  # BLAKE3-256
     assert hash_context(arch, {"min_pixels": 3136, "max_pixels": 1}, {"fps": 2, "x": [1, 2]}) != a
     assert hash_context("Other", {"min_pixels": 3136, "max_pixels": 12845056}, {}) != hash_context(
         arch, {"min_pixels": 3136, "max_pixels": 12845056}, {}

@@ -17,18 +17,19 @@ A cache key (:func:`item_key`) combines an item's hash with a *context digest*
 processing options, as canonical (sorted-key) JSON. Whatever else changes the processor's output
 (the transformers version, say) belongs in ``options``.
 
-Two hash functions, both giving 128-bit digests (32 hex digits) over the same framed stream:
+Two hash functions over the same framed stream:
 
-* ``"blake3"`` (the default): cryptographic. In a server, requests from different clients share
-  the processor-output cache, and the item hash travels to the engine, which keys its own caches
-  (encoder outputs, prefix blocks) on it; a client able to craft two items with one hash could
-  make another client's request use its content. BLAKE3 makes that infeasible; ~6 GB/s here.
-* ``"xxh3"`` (xxHash3-128): non-cryptographic, ~2x faster on large arrays. It guards against
-  accidental collisions only: for deployments whose every client is trusted.
+* ``"blake3"`` (the default): cryptographic, full 256-bit digests (64 hex digits). In a server,
+  requests from different clients share the processor-output cache, and the item hash travels to
+  the engine, which keys its own caches (encoder outputs, prefix blocks) on it; a client able to
+  craft two items with one hash could make another client's request use its content. Finding a
+  BLAKE3-256 collision takes ~2**128 work; ~6 GB/s here.
+* ``"xxh3"`` (xxHash3-128, 32 hex digits): non-cryptographic, ~2x faster on large arrays. It
+  guards against accidental collisions only: for deployments whose every client is trusted.
 
-The algorithm is a processor option (``hash_algorithm``); hashes made with one are never compared
-with hashes made with the other (it is part of every context digest), and the engines one front
-end feeds should all be fed with the same algorithm.
+The algorithm is a processor option (``hash_algorithm``). Hashes made with one are never compared
+with hashes made with the other: keys differ in length, and blake3 context digests frame the
+algorithm's name in. The engines one front end feeds should all be fed with the same algorithm.
 """
 
 from __future__ import annotations
@@ -75,27 +76,10 @@ HASH_ALGORITHMS = ("blake3", "xxh3")
 """The hash functions items and contexts can be hashed with (the ``hash_algorithm`` option)."""
 DEFAULT_HASH_ALGORITHM = "blake3"
 """Cryptographic by default: cache keys are shared between clients (see the module docs)."""
-_DIGEST_BYTES = 16
 
-
-class _Blake3x128:
-    """BLAKE3 cut to the 128-bit digests xxh3_128 gives, so keys have one size either way."""
-
-    __slots__ = ("_h", "update")
-
-    def __init__(self) -> None:
-        # One thread: hashing runs beside the preprocessing workers, which have the cores.
-        self._h = blake3.blake3()
-        self.update = self._h.update
-
-    def digest(self) -> bytes:
-        return self._h.digest(length=_DIGEST_BYTES)
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest(length=_DIGEST_BYTES)
-
-
-_HASHERS: dict[str, Any] = {"blake3": _Blake3x128, "xxh3": xxhash.xxh3_128}
+# blake3.blake3() hashes on the calling thread alone unless told otherwise: right here, since
+# hashing runs beside the preprocessing workers, which have the cores.
+_HASHERS: dict[str, Any] = {"blake3": blake3.blake3, "xxh3": xxhash.xxh3_128}
 
 
 def check_hash_algorithm(algorithm: object) -> str:
@@ -123,7 +107,8 @@ def _field(h: Any, data: bytes | memoryview) -> None:
 
 
 def hash_item(modality: str, item: Any, algorithm: str = DEFAULT_HASH_ALGORITHM) -> str:
-    """Return the hex content hash (32 hex digits) of one parsed media item.
+    """Return the hex content hash of one parsed media item (64 hex digits with blake3, 32 with
+    xxh3).
 
     Args:
         modality: ``"image"``, ``"video"``, ``"audio"`` (any string; it is part of the hash, so a
@@ -271,15 +256,15 @@ def hash_context(
     options: Mapping[str, Any],
     algorithm: str = DEFAULT_HASH_ALGORITHM,
 ) -> bytes:
-    """Return the 16-byte digest of everything besides the item that decides the processor output.
+    """Return the digest (32 bytes with blake3, 16 with xxh3) of everything besides the item that
+    decides the processor output.
 
     Args:
         architecture: The model architecture name (``config.json`` ``architectures[0]``).
         processor_config: The model folder's processor configuration (e.g. the merged contents of
             ``preprocessor_config.json`` / ``processor_config.json``).
         options: Processing options (``hf_kwargs``, ``device_normalize``, ...).
-        algorithm: one of `HASH_ALGORITHMS`; it is hashed too, so the digests of the two
-            algorithms never meet in one cache.
+        algorithm: one of `HASH_ALGORITHMS`.
 
     Raises:
         TypeError: a value is not JSON-like (see ``_json_default`` for the extra types accepted:
@@ -292,7 +277,7 @@ def hash_context(
         "options": dict(options),
     }
     h = _hasher(algorithm)
-    if algorithm != "xxh3":  # framed in; xxh3 contexts keep the pinned digests they had first
+    if algorithm != "xxh3":  # xxh3 contexts keep the digests they were first pinned with
         _field(h, algorithm.encode())
     _field(h, _CONTEXT_MAGIC)
     _field(h, canonical_json(payload).encode())
@@ -300,7 +285,8 @@ def hash_context(
 
 
 def item_key(context_digest: bytes, item_hash: str, algorithm: str = DEFAULT_HASH_ALGORITHM) -> str:
-    """Combine a context digest and an item hash into the item's cache key (32 hex digits)."""
+    """Combine a context digest and an item hash into the item's cache key (hex, as long as the
+    algorithm's item hashes)."""
     h = _hasher(algorithm)
     _field(h, _KEY_MAGIC)
     _field(h, context_digest)

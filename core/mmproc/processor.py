@@ -104,8 +104,8 @@ CORE_OPTIONS = frozenset(
 # Read by get_processor itself, never passed on to the Processor.
 _LOOKUP_OPTIONS = frozenset({"prefer", "model_path", "registry"})
 # Options that cannot change what the processor outputs for an item; every other option (plugins
-# may read their own) is part of the cache key and of each item's hash. (The hash algorithm is
-# framed into the context digest by hash_context itself.)
+# may read their own) is part of the cache key and of each item's hash. (The hash algorithm needs
+# no place there: it decides the function every key is made with.)
 _NON_OUTPUT_OPTIONS = frozenset(
     {
         "workers",
