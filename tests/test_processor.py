@@ -569,9 +569,11 @@ def test_a_misspelled_option_is_an_error_naming_it(folder, registry) -> None:
     assert "'cache_byte' (did you mean 'cache_bytes'?)" in message
     assert "'worker' (did you mean 'workers'?)" in message
     assert ARCH in message and "'tiny'" in message
-    # what the plugin does not name is refused too
+    # what the plugin does not name is refused too, standard names included
     with pytest.raises(ConfigurationError, match="'crop_margin'"):
         get_processor(folder, registry=registry, crop_margin=4)
+    with pytest.raises(ConfigurationError, match="unknown processor option 'backend'"):
+        get_processor(folder, registry=registry, backend="pil")  # this model has one backend
 
 
 def test_a_plugin_names_its_own_options(folder, registry) -> None:

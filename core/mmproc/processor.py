@@ -92,7 +92,6 @@ CORE_OPTIONS = frozenset(
         "workers",
         "io_workers",
         "device",
-        "backend",
         "device_normalize",
         "cache_bytes",
         "hf_prompt_expansion",
@@ -661,7 +660,8 @@ def get_processor(name_or_folder: str | os.PathLike[str], **options: Any) -> Pro
     ``device``
         where a fast (torchvision) image processor runs (default ``"cpu"``).
     ``backend``
-        image backend, ``"pil"`` or ``"torchvision"``, for plugins that offer both.
+        image backend, ``"pil"`` or ``"torchvision"``, for plugins that offer both (and say so in
+        their ``extra_options`` hook; for other models it is an unknown option).
     ``device_normalize``
         ship raw uint8 pixels for the engine to normalise (default: on when the plugin supports
         it; ``True`` insists, ``False`` normalises on the CPU).
@@ -682,7 +682,9 @@ def get_processor(name_or_folder: str | os.PathLike[str], **options: Any) -> Pro
     ``registry``
         the :class:`mmproc.registry.Registry` to look the model up in (default: the process's).
 
-    Plugins may read further options of their own from ``ctx.options``.
+    Plugins may read further options of their own from ``ctx.options``, once they name them in
+    their ``extra_options`` hook; any option neither the core nor the plugin reads is a
+    `ConfigurationError` naming it (with a "did you mean").
     """
     from mmproc.registry import get_registry
 

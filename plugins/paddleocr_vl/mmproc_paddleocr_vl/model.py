@@ -29,6 +29,11 @@ class PaddleOCRVLModel:
     """Hooks for ``PaddleOCRVLForConditionalGeneration``."""
 
     @hookimpl
+    def extra_options(self, ctx: ModelContext) -> tuple[str, ...]:
+        """``backend``: ``"pil"`` or ``"torchvision"`` (default) image processor."""
+        return ("backend",)
+
+    @hookimpl
     def load_hf_processor(self, ctx: ModelContext) -> Any:
         """Image processor of the chosen backend, the tokenizer and the chat template."""
         backend = ctx.option("backend") or "torchvision"

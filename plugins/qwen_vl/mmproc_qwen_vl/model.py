@@ -64,6 +64,11 @@ class QwenVLModel:
     """Hooks for ``Qwen2VLForConditionalGeneration`` and ``Qwen2_5_VLForConditionalGeneration``."""
 
     @hookimpl
+    def extra_options(self, ctx: ModelContext) -> tuple[str, ...]:
+        """``backend``: ``"pil"`` or ``"torchvision"`` (default) image processor."""
+        return ("backend",)
+
+    @hookimpl
     def load_hf_processor(self, ctx: ModelContext) -> Any:
         """Assemble the processor from its parts (see :mod:`mmproc_qwen_vl.loading`)."""
         return load_qwen_processor(ctx)
