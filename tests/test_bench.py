@@ -67,7 +67,11 @@ def test_bench_passes_other_options_to_the_processor(capsys: pytest.CaptureFixtu
     assert main(["bench", *SMALL, "--workers", "1", "--option", "hash_algo=xxh3"]) == 2
     assert "did you mean 'hash_algorithm'" in capsys.readouterr().err
     assert main(["bench", *SMALL, "--option", "workers=3"]) == 2
-    assert "use --workers" in capsys.readouterr().err
+    assert "sets workers itself: give the counts to measure with --workers" in (
+        capsys.readouterr().err
+    )
+    assert main(["bench", *SMALL, "--option", "cache_bytes=0"]) == 2
+    assert "sets cache_bytes itself: off for the latency" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "--option", "novalue"])
     assert "option must be KEY=VALUE" in capsys.readouterr().err

@@ -30,6 +30,12 @@ from typing import Any
 __all__ = ["add_arguments", "run_bench"]
 
 _DISTINCT_ITEMS = 8  # the requests cycle over this many items (the cache is off anyway)
+# Options the benchmark decides, and how to steer them instead.
+_MANAGED_OPTIONS = {
+    "workers": "give the counts to measure with --workers",
+    "cache_bytes": "off for the latency and throughput rows, the default for the cache row",
+    "warm_up": "clones are made before anything is timed",
+}
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -220,9 +226,9 @@ def run_bench(args: argparse.Namespace) -> int:
     from mmproc.testing import write_qwen2_vl_folder
 
     options: dict[str, Any] = dict(args.option)
-    for managed in ("workers", "cache_bytes", "warm_up"):
+    for managed, how in _MANAGED_OPTIONS.items():
         if managed in options:
-            raise ConfigurationError(f"mmproc bench sets {managed} itself; use --workers")
+            raise ConfigurationError(f"mmproc bench sets {managed} itself: {how}")
     if args.backend is not None:
         options["backend"] = args.backend
     if args.no_device_normalize:
