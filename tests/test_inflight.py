@@ -63,3 +63,26 @@ def test_async_waiters_hold_no_thread_and_wake_on_release() -> None:
 
     assert asyncio.run(main()) == [True] * 50
     assert flight.waiting == 0
+
+
+def test_a_cancelled_async_waiter_leaves_the_others_waiting() -> None:
+    flight = InFlight()
+    owned = flight.claim(["img"])
+    sync_result: list[bool] = []
+    sync_waiter = threading.Thread(target=lambda: sync_result.append(flight.wait(["img"])))
+    sync_waiter.start()
+
+    async def main() -> list[bool]:
+        leaving = asyncio.ensure_future(flight.wait_async(["img"]))
+        staying = asyncio.ensure_future(flight.wait_async(["img"]))
+        await asyncio.sleep(0.05)
+        leaving.cancel()  # its client went away
+        await asyncio.sleep(0.05)
+        assert leaving.cancelled() and not staying.done()
+        threading.Thread(target=flight.release, args=(owned,)).start()
+        return [await asyncio.wait_for(staying, timeout=10)]
+
+    assert asyncio.run(main()) == [True]
+    sync_waiter.join(10)
+    assert sync_result == [True]
+    assert flight.waiting == 0

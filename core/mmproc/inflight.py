@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 
 __all__ = ["InFlight"]
 
@@ -62,7 +62,10 @@ class InFlight:
             return False
         try:
             for future in futures:
-                future.result()
+                try:
+                    future.result()
+                except CancelledError:  # not expected (see wait_async); a release all the same
+                    pass
         finally:
             self._done_waiting()
         return True
@@ -73,7 +76,10 @@ class InFlight:
         if not futures:
             return False
         try:
-            await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
+            for future in futures:
+                # shield: a waiter cancelled (its client went away) must not cancel the shared
+                # future, which would fail every other request waiting for the same item.
+                await asyncio.shield(asyncio.wrap_future(future))
         finally:
             self._done_waiting()
         return True
