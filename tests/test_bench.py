@@ -75,3 +75,5 @@ def test_bench_passes_other_options_to_the_processor(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         main(["bench", "--option", "novalue"])
     assert "option must be KEY=VALUE" in capsys.readouterr().err
+    assert main(["bench", *SMALL, "--backend", "pil", "--option", "backend=torchvision"]) == 2
+    assert "backend given twice" in capsys.readouterr().err

@@ -17,13 +17,31 @@ def test_nothing_claimed_means_no_wait() -> None:
 
 def test_claim_takes_only_free_keys_and_release_frees_them() -> None:
     flight = InFlight()
-    assert flight.claim(["a", "b"]) == {"a", "b"}
-    assert flight.claim(["b", "c"]) == {"c"}
+    first = flight.claim(["a", "b"])
+    second = flight.claim(["b", "c"])
+    assert (set(first), set(second)) == ({"a", "b"}, {"c"})
     assert len(flight) == 3
-    flight.release(["a", "b", "c"])
-    flight.release(["a", "never-claimed"])  # twice, or never claimed: harmless
+    flight.release(first)
+    flight.release(second)
+    flight.release(first)  # twice: harmless
     assert len(flight) == 0
-    assert flight.claim(["a"]) == {"a"}
+    assert set(flight.claim(["a"])) == {"a"}
+
+
+def test_a_stale_release_leaves_another_requests_claim_alone() -> None:
+    flight = InFlight()
+    old = flight.claim(["img"])
+    flight.release(old)
+    new = flight.claim(["img"])  # another request claims the key again
+    flight.release(old)  # the first one's late, second release
+    assert len(flight) == 1  # the new claim stands...
+    waited = threading.Thread(target=flight.wait, args=(["img"],))
+    waited.start()
+    waited.join(0.05)
+    assert waited.is_alive()  # ...and is still waited for
+    flight.release(new)
+    waited.join(10)
+    assert not waited.is_alive() and len(flight) == 0
 
 
 def test_waiters_wake_when_the_owner_releases() -> None:

@@ -140,6 +140,20 @@ class GatedTinyQwen(TinyQwen):
         return None
 
 
+class NestedTinyQwen(TinyQwen):
+    """Calls its own processor from inside a worker, for the item being computed."""
+
+    processor: Any = None
+    inner: Any = None
+
+    @hookimpl
+    def process_mm_data(self, mm_items):
+        if NestedTinyQwen.inner is None:
+            NestedTinyQwen.inner = "running"
+            NestedTinyQwen.inner = self.processor.process(IMAGE, {"image": list(mm_items["image"])})
+        return None
+
+
 MODELS: dict[str, type] = {}
 
 
@@ -159,6 +173,7 @@ MODELS.update(
         "OptionTinyQwen": OptionTinyQwen,
         "BadOptionsTinyQwen": BadOptionsTinyQwen,
         "GatedTinyQwen": GatedTinyQwen,
+        "NestedTinyQwen": NestedTinyQwen,
     }
 )
 
@@ -713,3 +728,19 @@ def test_an_uncacheable_result_is_computed_again_by_the_waiter(folder, registry)
             one, two = first.result(30), second.result(30)
     assert model.calls == [1, 1]  # ...and then computed the item, which the cache could not keep
     assert one.features[0].hash == two.features[0].hash
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_request_made_from_inside_a_worker_does_not_wait_for_its_own_claim(
+    folder, registry, workers
+) -> None:
+    picture = image(99)
+    with get_processor(
+        copy_folder(folder, "NestedTinyQwen"), registry=registry, workers=workers, warm_up=True
+    ) as proc:
+        NestedTinyQwen.processor, NestedTinyQwen.inner = proc, None
+        with ThreadPoolExecutor(1) as caller:
+            outer = caller.submit(proc.process, IMAGE, {"image": [picture]}).result(60)
+        inner = NestedTinyQwen.inner
+    assert outer.features[0].hash == inner.features[0].hash
+    assert (len(proc._in_flight), proc._in_flight.waiting) == (0, 0)

@@ -401,3 +401,15 @@ def test_a_prompt_over_the_token_limit_is_refused_before_its_ints_are_made() -> 
         len(decode_request(frames, limits=DecodeLimits(max_prompt_tokens=10_000)).prompt_token_ids)
         == 10_000
     )
+
+
+def test_from_wire_holds_decoded_maps_to_the_token_limit_and_the_version_type() -> None:
+    from mmproc.wire import DecodeLimits
+
+    wire = decode(encode_request(EngineRequest("r", list(range(5_000)))))
+    with pytest.raises(DecodeError, match="5000 prompt token ids, more than the limit of 4999"):
+        EngineRequest.from_wire(wire, limits=DecodeLimits(max_prompt_tokens=4_999))
+    assert len(EngineRequest.from_wire(wire).prompt_token_ids) == 5_000  # default limits
+    wire["schema_version"] = np.array([2, 2])  # compares element-wise: a type check first
+    with pytest.raises(DecodeError, match="schema version"):
+        EngineRequest.from_wire(wire)

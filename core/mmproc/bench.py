@@ -30,7 +30,7 @@ from typing import Any
 __all__ = ["add_arguments", "run_bench"]
 
 _DISTINCT_ITEMS = 8  # the requests cycle over this many items (the cache is off anyway)
-# Options the benchmark decides, and how to steer them instead.
+# Options the benchmark decides itself, and why (or how to steer them instead).
 _MANAGED_OPTIONS = {
     "workers": "give the counts to measure with --workers",
     "cache_bytes": "off for the latency and throughput rows, the default for the cache row",
@@ -229,6 +229,12 @@ def run_bench(args: argparse.Namespace) -> int:
     for managed, how in _MANAGED_OPTIONS.items():
         if managed in options:
             raise ConfigurationError(f"mmproc bench sets {managed} itself: {how}")
+    for name, flag, given in (
+        ("backend", "--backend", args.backend is not None),
+        ("device_normalize", "--no-device-normalize", args.no_device_normalize),
+    ):
+        if given and name in options:
+            raise ConfigurationError(f"{name} given twice: as {flag} and as --option {name}=")
     if args.backend is not None:
         options["backend"] = args.backend
     if args.no_device_normalize:

@@ -4,21 +4,24 @@ right now waits for that result instead of computing the item again.
 Who waits for whom: a request *claims* the items it is about to compute when it reaches a worker,
 and *releases* them once their outputs are in the cache (or the computation failed). A request
 that finds one of its items claimed before it goes to a worker waits for the release, then looks
-the item up again. Requests that reached a worker before the claim was made compute the item too:
-single flight covers the requests that arrive while an item is being computed, which is when
-duplicates pile up (a burst of requests carrying one popular image).
+the item up again. Requests that were already past their wait when the claim was made compute the
+item too (at most one per worker, since a worker looks the cache up again before claiming), and so
+does a waiter whose item the cache did not keep: single flight covers the requests that arrive
+while an item is being computed, which is when duplicates pile up (a burst of requests carrying
+one popular image).
 
-No deadlock: requests wait before reaching a worker, never on one, and never while they own
-claims. Claims are made and released within one worker call, in a ``finally``. No head-of-line
-blocking: async requests wait on the event loop (`wait_async`), holding no thread. A waiter whose
-owner failed, or whose result did not fit the cache, computes the item itself.
+No deadlock: requests wait before reaching a worker, never on one (a request made from inside a
+worker's own call skips the wait), and never while they own claims. Claims are made and released
+within one worker call, in a ``finally``. No head-of-line blocking: async requests wait on the
+event loop (`wait_async`), holding no thread. A waiter whose owner failed, or whose result did not
+fit the cache, computes the item itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import CancelledError, Future
 
 __all__ = ["InFlight"]
@@ -84,22 +87,24 @@ class InFlight:
             self._done_waiting()
         return True
 
-    def claim(self, keys: Iterable[str]) -> set[str]:
-        """Take the claim on those ``keys`` nobody has claimed; the keys now owned. The owner must
-        `release` them, in a ``finally``."""
-        claimed = set()
+    def claim(self, keys: Iterable[str]) -> dict[str, Future[None]]:
+        """Take the claim on those ``keys`` nobody has claimed. Returns the claims now owned (key
+        to claim), which the owner must `release`, in a ``finally``."""
+        claimed: dict[str, Future[None]] = {}
         with self._lock:
             for key in keys:
                 if key not in self._futures:
-                    self._futures[key] = Future()
-                    claimed.add(key)
+                    self._futures[key] = claimed[key] = Future()
         return claimed
 
-    def release(self, keys: Iterable[str]) -> None:
-        """End the claims on ``keys``, which the caller owns, waking whoever waits for them.
-        Releasing a key twice is harmless."""
+    def release(self, claims: Mapping[str, Future[None]]) -> None:
+        """End ``claims`` (as `claim` returned them), waking whoever waits for them. Only the
+        caller's own claims end: a key released already, and claimed again since by another
+        request, keeps that request's claim. Releasing twice is harmless."""
         with self._lock:
-            futures = [self._futures.pop(key, None) for key in keys]
-        for future in futures:
-            if future is not None and not future.done():
-                future.set_result(None)
+            for key, claim in claims.items():
+                if self._futures.get(key) is claim:
+                    del self._futures[key]
+        for claim in claims.values():
+            if not claim.done():
+                claim.set_result(None)

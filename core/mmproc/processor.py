@@ -136,7 +136,7 @@ class _Request:
     hf_kwargs: dict[str, Any]  # what the HF processor gets: the processor's own plus the user's
     user_kwargs: dict[str, Any]
     raw: bool  # pixels come out raw (rescale and normalise off) for device normalisation
-    owned: set[str] = field(default_factory=set)  # keys this request claimed (mmproc.inflight)
+    owned: dict[str, Any] = field(default_factory=dict)  # its claims (mmproc.inflight)
 
     @property
     def mm_counts(self) -> dict[str, int]:
@@ -201,6 +201,7 @@ class Processor:
         self._context_digests: dict[str, bytes] = {}
         self._processor_config = _processor_config(ctx.model_path)
         self._in_flight = InFlight()
+        self._thread_state = threading.local()  # .processing: inside this processor's worker call
         self._state_lock = threading.Lock()
         self._placeholder_ids_cache: dict[str, list[int]] | None = None
         self._context_digest({}, self._device_normalize)  # options unfit for a cache key fail here
@@ -313,7 +314,10 @@ class Processor:
     ) -> ProcessedInputs:
         """Preprocess one request: ``prompt`` (text or token ids) and its media."""
         request = self._prepare(prompt, mm_data or {}, hf_kwargs)
-        self._in_flight.wait(request.misses())  # items other requests are computing right now
+        if not getattr(self._thread_state, "processing", False):
+            # Items other requests are computing right now. (Not from inside a worker's call: it
+            # could be waiting for its own claim.)
+            self._in_flight.wait(request.misses())
         return self._pool.run(self._process_prepared, request)
 
     async def process_async(
@@ -372,9 +376,13 @@ class Processor:
             # wait for it instead of computing it too.
             request.cached.update(self._lookup(misses, retry=True))
             request.owned = self._in_flight.claim(k for k in misses if k not in request.cached)
+        state = self._thread_state
+        nested = getattr(state, "processing", False)
+        state.processing = True
         try:
             return self._process_claimed(request, processor)
         finally:
+            state.processing = nested
             self._in_flight.release(request.owned)  # also when processing failed
 
     def _process_claimed(self, request: _Request, processor: Any) -> ProcessedInputs:
@@ -472,8 +480,10 @@ class Processor:
             # batch tensor is freed with the request rather than held by views.
             new_entries = {key: compact_entry(entry) for key, entry in new_entries.items()}
             self.cache.insert(new_entries, protect=[*request.cached, *new_entries])
-            # The results are in the cache: waiters need not wait for the rest of this request.
-            self._in_flight.release(request.owned.intersection(new_entries))
+            # The results are in the cache (or refused by it): waiters need not wait for the rest
+            # of this request. Released claims leave `owned`, so they cannot be released twice.
+            done = {key: request.owned.pop(key) for key in new_entries if key in request.owned}
+            self._in_flight.release(done)
         return new_entries, expanded_ids
 
     def _split(self, outputs: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:

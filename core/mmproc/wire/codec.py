@@ -475,6 +475,9 @@ class _Inline:
     def __init__(self, data: bytes) -> None:
         self.data = data
 
+    def __repr__(self) -> str:  # error messages quote it
+        return f"<ext type {EXT_RAW_VIEW}: {len(self.data)} raw bytes>"
+
 
 _EXT_NAMES: Final = {1: "pickle", 2: "cloudpickle"}
 

@@ -47,6 +47,7 @@ import torch
 
 from mmproc.errors import DecodeError
 from mmproc.wire.codec import (
+    DEFAULT_LIMITS,
     DecodeLimits,
     Frame,
     _Decoder,
@@ -484,13 +485,15 @@ class EngineRequest:
             raise
 
     @classmethod
-    def from_wire(cls, obj: Any) -> EngineRequest:
+    def from_wire(cls, obj: Any, *, limits: DecodeLimits | None = None) -> EngineRequest:
         """Build a request from its decoded map (as `mmproc.wire.decode` returns it).
 
         Raises `DecodeError` for a schema version other than `SCHEMA_VERSION`, a missing or
-        unknown key, or any field that fails validation (naming the feature at fault).
+        unknown key, more token ids than ``limits.max_prompt_tokens`` (default `DEFAULT_LIMITS`),
+        or any field that fails validation (naming the feature at fault).
         """
-        return _build_request(obj, _as_is, _as_is, None)
+        max_tokens = (DEFAULT_LIMITS if limits is None else limits).max_prompt_tokens
+        return _build_request(obj, _as_is, _as_is, max_tokens)
 
 
 # How the builders below get a field's final value: as it is (a map `decode` already converted),
@@ -545,7 +548,7 @@ def _build_request(
     version = obj.get("schema_version")
     if version is None:
         raise DecodeError("not an mmproc engine request: the map has no 'schema_version'")
-    if version != SCHEMA_VERSION or type(version) is not int:
+    if type(version) is not int or version != SCHEMA_VERSION:  # type first: arrays compare oddly
         raise DecodeError(
             f"engine request has schema version {_short(version)}, but this mmproc reads version "
             f"{SCHEMA_VERSION}; run the same mmproc release on the front end and the engine"
