@@ -306,6 +306,37 @@ def copy_patches(
     np.copyto(out.reshape(-1, t, p * p), gathered)
 
 
+def resized_sizes(
+    images: Image.Image | Sequence[Image.Image],
+    *,
+    patch_size: int,
+    merge_size: int,
+    min_pixels: int,
+    max_pixels: int,
+    caller: str,
+) -> tuple[list[Image.Image], list[tuple[int, int]]]:
+    """The batch as a list, and each image's ``(height, width)`` after `smart_resize`: every
+    image checked before any work, so a bad one fails the batch at once and the output can be
+    allocated once instead of concatenated. Shared by both native paths."""
+    batch = [images] if isinstance(images, Image.Image) else list(images)
+    if not batch:
+        raise ValueError(f"{caller} needs at least one image")
+    factor = patch_size * merge_size
+    sizes: list[tuple[int, int]] = []
+    for index, image in enumerate(batch):
+        if not isinstance(image, Image.Image):
+            raise TypeError(f"image {index}: expected a PIL image, got {type(image).__name__}")
+        width, height = image.size
+        try:
+            size = smart_resize(
+                height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels
+            )
+        except ImageSizeError as exc:
+            raise ImageSizeError(str(exc), height=height, width=width, index=index) from None
+        sizes.append(size)
+    return batch, sizes
+
+
 def patchify_uint8(
     images: Image.Image | Sequence[Image.Image],
     *,
@@ -343,24 +374,14 @@ def patchify_uint8(
         ImageSizeError: an image is empty or beyond the 200:1 aspect-ratio limit (its
             ``index`` says which).
     """
-    batch = [images] if isinstance(images, Image.Image) else list(images)
-    if not batch:
-        raise ValueError("patchify_uint8 needs at least one image")
-    factor = patch_size * merge_size
-    sizes: list[tuple[int, int]] = []
-    for index, image in enumerate(batch):
-        if not isinstance(image, Image.Image):
-            raise TypeError(f"image {index}: expected a PIL image, got {type(image).__name__}")
-        width, height = image.size
-        # Sizes first: a bad image fails the batch before any work, and the output is
-        # allocated once instead of concatenated.
-        try:
-            size = smart_resize(
-                height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels
-            )
-        except ImageSizeError as exc:
-            raise ImageSizeError(str(exc), height=height, width=width, index=index) from None
-        sizes.append(size)
+    batch, sizes = resized_sizes(
+        images,
+        patch_size=patch_size,
+        merge_size=merge_size,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        caller="patchify_uint8",
+    )
 
     counts = [(h // patch_size) * (w // patch_size) for h, w in sizes]
     pixel_values = np.empty(

@@ -45,11 +45,10 @@ import torch
 from PIL import Image
 
 from mmproc_qwen_vl.image_fast_path import (
-    ImageSizeError,
     _rgb_pixels,
     _to_rgb,
     copy_patches,
-    smart_resize,
+    resized_sizes,
 )
 
 if TYPE_CHECKING:
@@ -226,24 +225,14 @@ def patchify_uint8_torch(
     from torchvision.transforms.v2 import functional as tvF
 
     interpolation = tvF.InterpolationMode(interpolation)
-    batch = [images] if isinstance(images, Image.Image) else list(images)
-    if not batch:
-        raise ValueError("patchify_uint8_torch needs at least one image")
-    factor = patch_size * merge_size
-    sizes: list[tuple[int, int]] = []
-    for index, image in enumerate(batch):
-        if not isinstance(image, Image.Image):
-            raise TypeError(f"image {index}: expected a PIL image, got {type(image).__name__}")
-        width, height = image.size
-        # Sizes first: a bad image fails the batch before any work, and the output is
-        # allocated once instead of concatenated.
-        try:
-            size = smart_resize(
-                height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels
-            )
-        except ImageSizeError as exc:
-            raise ImageSizeError(str(exc), height=height, width=width, index=index) from None
-        sizes.append(size)
+    batch, sizes = resized_sizes(
+        images,
+        patch_size=patch_size,
+        merge_size=merge_size,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        caller="patchify_uint8_torch",
+    )
 
     grids = [(1, h // patch_size, w // patch_size) for h, w in sizes]
     counts = [gh * gw for _, gh, gw in grids]
