@@ -19,7 +19,10 @@ from mmproc.prompt_update import (
     PromptUpdateDetails,
     Tokenizer,
     apply_prompt_updates,
+    apply_resolved_updates,
     find_placeholder_ranges,
+    find_resolved_ranges,
+    resolve_prompt_updates,
 )
 
 PAD, VS, VE = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
@@ -112,13 +115,36 @@ def test_first_matching_candidate_wins_per_item() -> None:
     assert [r.offset for r in ph["image"]] == [3, 0, 1]
 
 
-def test_zero_width_replacement_matches_once() -> None:
-    update = PromptReplacement("image", PromptIndexTargets.end(), [9])
-    prompt, ph = apply_prompt_updates([1, 2], [update], {"image": 1})
-    assert (prompt, ph["image"]) == ([1, 2, 9], [PlaceholderRange(2, 1)])
-    with pytest.raises(PromptUpdateError) as info:
-        apply_prompt_updates([1, 2], [update], {"image": 2})
-    assert (info.value.modality, info.value.item_index) == ("image", 1)
+ZERO_WIDTH_TARGETS = {
+    "start": PromptIndexTargets.start,
+    "end": PromptIndexTargets.end,
+    "prefix": lambda: PromptIndexTargets.prefix("hi"),
+}
+
+
+@pytest.mark.parametrize("where", sorted(ZERO_WIDTH_TARGETS))
+@pytest.mark.parametrize("count", [0, 1, 2, 3])
+@pytest.mark.parametrize("as_ids", [True, False], ids=["token ids", "text"])
+def test_a_zero_width_replacement_acts_for_every_item_as_an_insertion_there(
+    tok: Tokenizer, where: str, count: int, as_ids: bool
+) -> None:
+    pad = one(tok, PAD)
+    content = lambda i: [pad] * (i + 1)  # noqa: E731  (each item its own length)
+    target = ZERO_WIDTH_TARGETS[where]
+    text = "hi there"
+    prompt = enc(tok, text) if as_ids else text
+    replaced, ranges = apply_prompt_updates(
+        prompt, [PromptReplacement("image", target(), content)], {"image": count}, tok
+    )
+    inserted, expected = apply_prompt_updates(
+        prompt, [PromptInsertion("image", target(), content)], {"image": count}, tok
+    )
+    assert (replaced, ranges) == (inserted, expected)
+    assert [r.length for r in ranges["image"]] == list(range(1, count + 1))
+    # In item order, one after the other, at the one position.
+    offsets = [r.offset for r in ranges["image"]]
+    assert offsets == [offsets[0] + i * (i + 1) // 2 for i in range(count)]
+    assert replaced.count(pad) == sum(range(1, count + 1))  # type: ignore[union-attr]
 
 
 # --- insertions ---------------------------------------------------------------------------------
@@ -246,7 +272,7 @@ def test_text_needs_tokenizer_on_token_prompt() -> None:
     assert info.value.modality == "image"
 
 
-def test_content_callable_called_once_per_item_and_only_for_winner() -> None:
+def test_content_callables_are_resolved_once_per_item_and_update() -> None:
     calls: list[tuple[str, int]] = []
 
     def content(name: str) -> object:
@@ -256,8 +282,35 @@ def test_content_callable_called_once_per_item_and_only_for_winner() -> None:
         PromptReplacement("image", [5], content("first")),
         PromptReplacement("image", [6], content("second")),
     ]
-    apply_prompt_updates([5, 6, 5], updates, {"image": 3})
-    assert sorted(calls) == [("first", 0), ("first", 1), ("second", 2)]
+    prompt, _ = apply_prompt_updates([5, 6, 5], updates, {"image": 3})
+    assert prompt == [9, 9, 9]
+    # Every candidate of every item is resolved up front: the resolved updates are what the
+    # processor-output cache keeps with each item, before any prompt decides which one wins.
+    assert sorted(calls) == sorted((n, i) for n in ("first", "second") for i in range(3))
+
+
+def test_resolved_updates_apply_like_the_updates_they_come_from(tok: Tokenizer) -> None:
+    pad = one(tok, PAD)
+    updates = [PromptReplacement("image", [pad], lambda i: [pad] * (2 + i))]
+    prompt = enc(tok, f"a {PAD} b {PAD}")
+    resolved = resolve_prompt_updates(updates, {"image": 2})
+    assert [len(u.content.full) for (u,) in resolved["image"]] == [2, 3]
+    assert apply_resolved_updates(prompt, resolved, tok) == apply_prompt_updates(
+        prompt, updates, {"image": 2}, tok
+    )
+    out, ranges = apply_resolved_updates(prompt, resolved, tok)
+    assert find_resolved_ranges(out, resolved) == ranges  # type: ignore[arg-type]
+
+
+def test_items_resolved_in_different_requests_share_one_target() -> None:
+    # A cached item (resolved when an earlier request computed it) and a new one: each takes
+    # its own occurrence of the shared target, in item order.
+    update = lambda n: PromptReplacement("image", [5], [7] * n)  # noqa: E731
+    first = resolve_prompt_updates([update(1)], {"image": 1})["image"]
+    second = resolve_prompt_updates([update(2)], {"image": 1})["image"]
+    prompt, ranges = apply_resolved_updates([5, 0, 5], {"image": [*second, *first]})
+    assert prompt == [7, 7, 0, 7]
+    assert ranges == {"image": [PlaceholderRange(0, 2), PlaceholderRange(3, 1)]}
 
 
 # --- embeddings ---------------------------------------------------------------------------------

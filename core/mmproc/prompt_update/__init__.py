@@ -7,9 +7,12 @@ a zero-width position from :class:`PromptIndexTargets` (``start()``, ``end()``, 
 A content is token ids, text, :class:`PromptUpdateDetails` (the full sequence and which positions
 get embeddings), or a callable of the item index returning one of those.
 
-:func:`apply_prompt_updates` applies them (the cached / token-prompt path);
-:func:`find_placeholder_ranges` only locates them in a prompt the HF processor already expanded.
-Both return, per modality, one :class:`PlaceholderRange` per item, in item order.
+:func:`resolve_prompt_updates` works out each item's content for each of its modality's updates
+(:class:`ResolvedPromptUpdate`, plain values the processor-output cache keeps with the item).
+:func:`apply_prompt_updates` / :func:`apply_resolved_updates` apply them (the cached /
+token-prompt path); :func:`find_placeholder_ranges` / :func:`find_resolved_ranges` only locate
+them in a prompt the HF processor already expanded. All return, per modality, one
+:class:`PlaceholderRange` per item, in item order.
 
 Matching rules:
 
@@ -19,8 +22,8 @@ Matching rules:
   replacement has taken: successive items consume successive occurrences.
 * An insertion acts right after the first occurrence of its target; every item using it lands
   there, in item order (so do insertions of several modalities at one place, in modality order).
-* ``start`` / ``end`` / ``prefix`` are zero-width and match once: an insertion there takes every
-  item; a replacement there replaces nothing, for one item only.
+* ``start`` / ``end`` / ``prefix`` are zero-width: a replacement there replaces nothing, so it
+  acts exactly as an insertion at that position, for every item, in item order (vLLM's rule).
 * Matching runs on the original prompt; contents put in are never matched again. Occurrences
   left over when the items run out stay as they are.
 * An item with no matching update raises :class:`~mmproc.errors.PromptUpdateError` naming the
@@ -37,7 +40,15 @@ Importing this module imports neither torch nor transformers.
 
 from __future__ import annotations
 
-from ._apply import Placeholders, apply_prompt_updates, find_placeholder_ranges
+from ._apply import (
+    Placeholders,
+    ResolvedUpdates,
+    apply_prompt_updates,
+    apply_resolved_updates,
+    find_placeholder_ranges,
+    find_resolved_ranges,
+    resolve_prompt_updates,
+)
 from ._types import (
     PlaceholderRange,
     PromptContent,
@@ -49,6 +60,7 @@ from ._types import (
     PromptTarget,
     PromptUpdate,
     PromptUpdateDetails,
+    ResolvedPromptUpdate,
     Tokenizer,
 )
 
@@ -64,7 +76,12 @@ __all__ = [
     "PromptTarget",
     "PromptUpdate",
     "PromptUpdateDetails",
+    "ResolvedPromptUpdate",
+    "ResolvedUpdates",
     "Tokenizer",
     "apply_prompt_updates",
+    "apply_resolved_updates",
     "find_placeholder_ranges",
+    "find_resolved_ranges",
+    "resolve_prompt_updates",
 ]

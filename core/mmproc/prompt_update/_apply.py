@@ -1,4 +1,4 @@
-"""Matching prompt updates against a prompt, applying them, and locating applied ones.
+"""Resolving prompt updates per item, matching them against a prompt, applying and locating them.
 
 Matching works on strings in both spaces: a token id prompt becomes a string with one code point
 per token id, so ``str.find`` does the token-sequence search in C (linear in practice), and the
@@ -20,14 +20,26 @@ from ._types import (
     PromptSeq,
     PromptUpdate,
     PromptUpdateDetails,
+    ResolvedPromptUpdate,
     Tokenizer,
     normalize_content,
 )
 
-__all__ = ["Placeholders", "apply_prompt_updates", "find_placeholder_ranges"]
+__all__ = [
+    "Placeholders",
+    "ResolvedUpdates",
+    "apply_prompt_updates",
+    "apply_resolved_updates",
+    "find_placeholder_ranges",
+    "find_resolved_ranges",
+    "resolve_prompt_updates",
+]
 
 Placeholders = dict[str, list[PlaceholderRange]]
 """Modality -> one range per item, in item order."""
+
+ResolvedUpdates = Mapping[str, Sequence[Sequence[ResolvedPromptUpdate]]]
+"""Modality -> per item (in item order) that item's candidate updates (in the order given)."""
 
 _MAX_TOKEN_ID = 0x10FFFF  # the largest code point; no real vocabulary comes near it
 
@@ -93,69 +105,71 @@ class _Codec:
         return cached
 
 
-class _Contents:
-    """Each item's content, resolved once: a content callable is called once per item."""
-
-    def __init__(self, updates: Sequence[PromptUpdate]) -> None:
-        self._updates = updates
-        self._cache: dict[tuple[int, int], PromptUpdateDetails] = {}
-
-    def is_static(self, ci: int) -> bool:
-        return isinstance(self._updates[ci].content, PromptUpdateDetails)
-
-    def get(self, ci: int, item: int) -> PromptUpdateDetails:
-        content = self._updates[ci].content
-        if isinstance(content, PromptUpdateDetails):
-            return content
-        details = self._cache.get((ci, item))
-        if details is None:
-            value = content(item)  # type: ignore[operator]
-            try:
-                details = normalize_content(value)
-            except (TypeError, ValueError) as exc:
-                modality = self._updates[ci].modality
-                raise PromptUpdateError(
-                    f"{modality} item {item}: the update's content callable returned "
-                    f"{type(value).__name__}, not token ids, text or PromptUpdateDetails ({exc})",
-                    modality=modality,
-                    item_index=item,
-                ) from None
-            self._cache[(ci, item)] = details
-        return details
+# --- resolving ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Group:
-    """One modality: its item count and candidate updates (indexes, in the order given)."""
+def _checked_count(modality: str, count: object) -> int:
+    try:
+        n = operator.index(count)  # type: ignore[call-overload]
+    except TypeError:
+        n = -1
+    if n < 0 or isinstance(count, bool):
+        raise PromptUpdateError(
+            f"the item count of {modality!r} must be a non-negative integer, got {count!r}",
+            modality=modality,
+        )
+    return n
 
-    modality: str
-    count: int
-    candidates: tuple[int, ...]
+
+def _resolve_content(update: PromptUpdate, item: int) -> PromptUpdateDetails:
+    content = update.content
+    if isinstance(content, PromptUpdateDetails):
+        return content
+    value = content(item)  # type: ignore[operator]
+    try:
+        return normalize_content(value)
+    except (TypeError, ValueError) as exc:
+        raise PromptUpdateError(
+            f"{update.modality} item {item}: the update's content callable returned "
+            f"{type(value).__name__}, not token ids, text or PromptUpdateDetails ({exc})",
+            modality=update.modality,
+            item_index=item,
+        ) from None
 
 
-def _plan(
+def resolve_prompt_updates(
     updates: Sequence[PromptUpdate], mm_counts: Mapping[str, int]
-) -> tuple[list[PromptUpdate], list[_Group]]:
+) -> dict[str, list[tuple[ResolvedPromptUpdate, ...]]]:
+    """Work out every item's content for each of its modality's updates.
+
+    Returns, for every modality of ``mm_counts`` (in that order), one tuple of candidates per
+    item, in the order the updates were given. A content callable is called once per item and
+    update, here; what it returns must depend on that item alone (the result is cached with it).
+    """
     ups = list(updates)
     for update in ups:
         if not isinstance(update, PromptUpdate):
             raise TypeError(f"expected PromptReplacement or PromptInsertion, got {update!r}")
-    by_modality: dict[str, list[int]] = {}
-    for ci, update in enumerate(ups):
-        by_modality.setdefault(update.modality, []).append(ci)
-    groups = []
+    resolved: dict[str, list[tuple[ResolvedPromptUpdate, ...]]] = {}
     for modality, count in mm_counts.items():
-        try:
-            n = operator.index(count)
-        except TypeError:
-            n = -1
-        if n < 0 or isinstance(count, bool):
-            raise PromptUpdateError(
-                f"the item count of {modality!r} must be a non-negative integer, got {count!r}",
-                modality=modality,
+        n = _checked_count(modality, count)
+        candidates = [u for u in ups if u.modality == modality]
+        resolved[modality] = [
+            tuple(
+                ResolvedPromptUpdate(
+                    modality,
+                    "insert" if isinstance(u, PromptInsertion) else "replace",
+                    u.target,  # type: ignore[arg-type]  # normalized by PromptUpdate
+                    _resolve_content(u, item),
+                )
+                for u in candidates
             )
-        groups.append(_Group(modality, n, tuple(by_modality.get(modality, ()))))
-    return ups, groups
+            for item in range(n)
+        ]
+    return resolved
+
+
+# --- matching -------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -167,11 +181,20 @@ class _Edit:
     order: int  # matching order: breaks ties between edits at one position
     modality: str
     item: int
-    candidate: int
+    update: ResolvedPromptUpdate
 
 
-def _describe(update: PromptUpdate) -> str:
-    kind = "insertion after" if isinstance(update, PromptInsertion) else "replacement of"
+@dataclass(frozen=True, slots=True)
+class _Miss:
+    """The first item that matched no update."""
+
+    modality: str
+    item: int
+    candidates: tuple[ResolvedPromptUpdate, ...]
+
+
+def _describe(update: ResolvedPromptUpdate) -> str:
+    kind = "insertion after" if update.kind == "insert" else "replacement of"
     target = update.target
     if isinstance(target, PromptIndex):
         where = target.kind if target.prefix_seq is None else f"prefix {_preview(target)}"
@@ -179,12 +202,12 @@ def _describe(update: PromptUpdate) -> str:
     return f"{kind} {_preview(target)}"
 
 
-def _miss(updates: Sequence[PromptUpdate], group: _Group, item: int, where: str) -> Exception:
-    modality = group.modality
-    if not group.candidates:
+def _miss_error(miss: _Miss, where: str) -> PromptUpdateError:
+    modality, item = miss.modality, miss.item
+    if not miss.candidates:
         reason = f"no prompt update is defined for modality {modality!r}"
     else:
-        tried = "; ".join(_describe(updates[ci]) for ci in group.candidates)
+        tried = "; ".join(_describe(u) for u in miss.candidates)
         reason = (
             f"no prompt update matched {where} (tried: {tried}); does the prompt have a "
             f"placeholder for every {modality} item?"
@@ -203,57 +226,51 @@ def _find_unclaimed(hay: str, claimed: bytearray, needle: str, start: int) -> in
         start = j + 1
 
 
-def _match(
-    hay: str,
-    updates: Sequence[PromptUpdate],
-    groups: Sequence[_Group],
-    convert: Callable[[tuple[int, ...] | str, str], str],
-) -> list[_Edit] | tuple[_Group, int]:
-    """Match every item to an update in ``hay``; the edits, or the first item that matched none.
+Convert = Callable[[tuple[int, ...] | str, str], str]
 
-    ``convert`` turns a target sequence into ``hay``'s alphabet. Each candidate keeps its own
-    cursor, so the work per candidate is one left-to-right pass over the prompt.
+
+def _match(hay: str, resolved: ResolvedUpdates, convert: Convert) -> list[_Edit] | _Miss:
+    """Match every item to one of its candidates in ``hay``; the edits, or the first miss.
+
+    ``convert`` turns a target sequence into ``hay``'s alphabet. Items share a candidate when its
+    kind and target are equal; each shared candidate keeps one cursor, so the work per candidate
+    is one left-to-right pass over the prompt.
     """
     end = len(hay)
     claimed = bytearray(end)  # positions already taken by a replacement
-    resolved: dict[int, str | int | None] = {}  # needle, zero-width position, or no match
-    cursor: dict[int, int] = {}  # replacement candidate -> where its next search starts
-    used: set[int] = set()  # zero-width replacements, which match once
+    anchors: dict[object, str | int | None] = {}  # needle, zero-width position, or no match
+    cursor: dict[object, int] = {}  # replacement candidate -> where its next search starts
     edits: list[_Edit] = []
-    for group in groups:
-        for item in range(group.count):
-            for ci in group.candidates:
-                update = updates[ci]
-                if ci not in resolved:
-                    resolved[ci] = _resolve_target(hay, update, convert)
-                target = resolved[ci]
+    for modality, items in resolved.items():
+        for item, candidates in enumerate(items):
+            for update in candidates:
+                key = update.candidate_key
+                if key not in anchors:
+                    anchors[key] = _resolve_target(hay, update, convert)
+                target = anchors[key]
                 if target is None:
                     continue
                 if isinstance(target, int):
-                    if not isinstance(update, PromptInsertion):
-                        if ci in used:
-                            continue
-                        used.add(ci)
-                    edits.append(_Edit(target, target, len(edits), group.modality, item, ci))
+                    # A position: every item of an insertion or a zero-width replacement goes
+                    # there, in item order.
+                    edits.append(_Edit(target, target, len(edits), modality, item, update))
                     break
-                j = _find_unclaimed(hay, claimed, target, cursor.get(ci, 0))
+                j = _find_unclaimed(hay, claimed, target, cursor.get(key, 0))
                 if j < 0:
-                    cursor[ci] = end + 1  # exhausted: later items skip it at once
+                    cursor[key] = end + 1  # exhausted: later items skip it at once
                     continue
                 stop = j + len(target)
                 claimed[j:stop] = b"\x01" * len(target)
-                cursor[ci] = stop
-                edits.append(_Edit(j, stop, len(edits), group.modality, item, ci))
+                cursor[key] = stop
+                edits.append(_Edit(j, stop, len(edits), modality, item, update))
                 break
             else:
-                return group, item
+                return _Miss(modality, item, tuple(candidates))
     return edits
 
 
-def _resolve_target(
-    hay: str, update: PromptUpdate, convert: Callable[[tuple[int, ...] | str, str], str]
-) -> str | int | None:
-    """A replacement's needle, or the zero-width position an update acts at (None: no match)."""
+def _resolve_target(hay: str, update: ResolvedPromptUpdate, convert: Convert) -> str | int | None:
+    """A replacement's needle, or the position an update acts at (None: no match)."""
     target = update.target
     if isinstance(target, PromptIndex):
         if target.kind == "start":
@@ -268,7 +285,7 @@ def _resolve_target(
             f"{update.modality} update: target {_preview(target)} converts to an empty sequence",
             modality=update.modality,
         )
-    if isinstance(update, PromptInsertion):
+    if update.kind == "insert":
         # Insertions share one anchor: right after the target's first occurrence.
         j = hay.find(needle)
         return None if j < 0 else j + len(needle)
@@ -294,19 +311,22 @@ def _sorted_edits(edits: list[_Edit]) -> list[_Edit]:
     return edits
 
 
+def _empty_slots(resolved: ResolvedUpdates) -> dict[str, list[PlaceholderRange | None]]:
+    return {modality: [None] * len(items) for modality, items in resolved.items()}
+
+
+# --- applying -------------------------------------------------------------------------------------
+
+
 def _assemble_ids(
-    prompt: list[int],
-    edits: list[_Edit],
-    groups: Sequence[_Group],
-    contents: _Contents,
-    codec: _Codec,
+    prompt: list[int], edits: list[_Edit], resolved: ResolvedUpdates, codec: _Codec
 ) -> tuple[list[int], Placeholders]:
-    slots: dict[str, list[PlaceholderRange | None]] = {g.modality: [None] * g.count for g in groups}
+    slots = _empty_slots(resolved)
     out: list[int] = []
     prev = 0
     for edit in _sorted_edits(edits):
         out.extend(prompt[prev : edit.start])
-        details = contents.get(edit.candidate, edit.item)
+        details = edit.update.content
         ids = codec.ids(details.full, edit.modality, "content")
         slots[edit.modality][edit.item] = PlaceholderRange(
             len(out), len(ids), details.embed_mask(ids)
@@ -318,7 +338,7 @@ def _assemble_ids(
 
 
 def _assemble_text(
-    text: str, edits: list[_Edit], contents: _Contents, codec: _Codec
+    text: str, edits: list[_Edit], codec: _Codec
 ) -> tuple[str, list[tuple[_Edit, int, str]]]:
     """The updated text, and per edit (in prompt order) its character offset and inserted text."""
     pieces: list[str] = []
@@ -326,8 +346,7 @@ def _assemble_text(
     size = prev = 0
     for edit in _sorted_edits(edits):
         kept = text[prev : edit.start]
-        details = contents.get(edit.candidate, edit.item)
-        new = codec.text(details.full, edit.modality, "content")
+        new = codec.text(edit.update.content.full, edit.modality, "content")
         pieces += (kept, new)
         size += len(kept)
         placed.append((edit, size, new))
@@ -337,20 +356,14 @@ def _assemble_text(
     return "".join(pieces), placed
 
 
-def _apply_text(
-    text: str,
-    updates: list[PromptUpdate],
-    groups: list[_Group],
-    contents: _Contents,
-    codec: _Codec,
-) -> tuple[str, Placeholders]:
-    matched = _match(text, updates, groups, lambda seq, m: codec.text(seq, m, "target"))
-    if not isinstance(matched, list):
-        raise _miss(updates, *matched, "the text")
-    new_text, placed = _assemble_text(text, matched, contents, codec)
-    slots: dict[str, list[PlaceholderRange | None]] = {g.modality: [None] * g.count for g in groups}
+def _apply_text(text: str, resolved: ResolvedUpdates, codec: _Codec) -> tuple[str, Placeholders]:
+    matched = _match(text, resolved, lambda seq, m: codec.text(seq, m, "target"))
+    if isinstance(matched, _Miss):
+        raise _miss_error(matched, "the text")
+    new_text, placed = _assemble_text(text, matched, codec)
+    slots = _empty_slots(resolved)
     for edit, offset, new in placed:
-        if contents.get(edit.candidate, edit.item).embed_token_id is not None:
+        if edit.update.content.embed_token_id is not None:
             raise PromptUpdateError(
                 f"{edit.modality} item {edit.item}: select_token_id needs a tokenizer to tell "
                 "which positions get embeddings",
@@ -362,32 +375,27 @@ def _apply_text(
 
 
 def _apply_ids(
-    prompt: list[int],
-    updates: list[PromptUpdate],
-    groups: list[_Group],
-    contents: _Contents,
-    codec: _Codec,
-    source_text: str | None,
+    prompt: list[int], resolved: ResolvedUpdates, codec: _Codec, source_text: str | None
 ) -> tuple[list[int], Placeholders]:
     hay = _ids_to_str(prompt)
-    matched = _match(hay, updates, groups, lambda seq, m: _ids_to_str(codec.ids(seq, m, "target")))
-    if isinstance(matched, list):
-        return _assemble_ids(prompt, matched, groups, contents, codec)
+    matched = _match(hay, resolved, lambda seq, m: _ids_to_str(codec.ids(seq, m, "target")))
+    if not isinstance(matched, _Miss):
+        return _assemble_ids(prompt, matched, resolved, codec)
     if codec.tokenizer is None:
-        raise _miss(updates, *matched, "the token ids (pass a tokenizer to also match on text)")
+        raise _miss_error(matched, "the token ids (pass a tokenizer to also match on text)")
 
     # Tokens merged across a target's boundary: match on the text, then tokenize the result.
     text = codec.decode(prompt) if source_text is None else source_text
-    matched = _match(text, updates, groups, lambda seq, m: codec.text(seq, m, "target"))
-    if not isinstance(matched, list):
-        raise _miss(updates, *matched, "the token ids nor the decoded text")
-    new_text, placed = _assemble_text(text, matched, contents, codec)
+    matched = _match(text, resolved, lambda seq, m: codec.text(seq, m, "target"))
+    if isinstance(matched, _Miss):
+        raise _miss_error(matched, "the token ids nor the decoded text")
+    new_text, placed = _assemble_text(text, matched, codec)
     new_ids = codec.encode(new_text)
     new_hay = _ids_to_str(new_ids)
-    slots: dict[str, list[PlaceholderRange | None]] = {g.modality: [None] * g.count for g in groups}
+    slots = _empty_slots(resolved)
     pos = 0
     for edit, _offset, _new in placed:  # in prompt order, so one left-to-right pass finds them
-        details = contents.get(edit.candidate, edit.item)
+        details = edit.update.content
         ids = codec.ids(details.full, edit.modality, "content")
         j = new_hay.find(_ids_to_str(ids), pos)
         if j < 0:
@@ -401,6 +409,24 @@ def _apply_ids(
         slots[edit.modality][edit.item] = PlaceholderRange(j, len(ids), details.embed_mask(ids))
         pos = j + len(ids)
     return new_ids, slots  # type: ignore[return-value]
+
+
+def apply_resolved_updates(
+    prompt: PromptSeq, resolved: ResolvedUpdates, tokenizer: Tokenizer | None = None
+) -> tuple[list[int] | str, Placeholders]:
+    """Apply per-item resolved updates (see :func:`resolve_prompt_updates`) to ``prompt``.
+
+    The same rules as :func:`apply_prompt_updates`, for updates already resolved per item: the
+    form the processor-output cache keeps them in.
+    """
+    codec = _Codec(tokenizer)
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            return _apply_text(prompt, resolved, codec)
+        return _apply_ids(codec.encode(prompt), resolved, codec, prompt)
+    if isinstance(prompt, bytes | bytearray):
+        raise TypeError("prompt must be token ids or text, not bytes")
+    return _apply_ids(list(map(operator.index, prompt)), resolved, codec, None)
 
 
 def apply_prompt_updates(
@@ -425,16 +451,57 @@ def apply_prompt_updates(
     item index when an item matches no update, or when text must be converted to token ids (or
     back) and no tokenizer is given.
     """
-    ups, groups = _plan(updates, mm_counts)
+    return apply_resolved_updates(prompt, resolve_prompt_updates(updates, mm_counts), tokenizer)
+
+
+# --- locating -------------------------------------------------------------------------------------
+
+
+def find_resolved_ranges(
+    token_ids: Sequence[int], resolved: ResolvedUpdates, tokenizer: Tokenizer | None = None
+) -> Placeholders:
+    """Locate per-item resolved updates that were already applied; see
+    :func:`find_placeholder_ranges`."""
     codec = _Codec(tokenizer)
-    contents = _Contents(ups)
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            return _apply_text(prompt, ups, groups, contents, codec)
-        return _apply_ids(codec.encode(prompt), ups, groups, contents, codec, prompt)
-    if isinstance(prompt, bytes | bytearray):
-        raise TypeError("prompt must be token ids or text, not bytes")
-    return _apply_ids(list(map(operator.index, prompt)), ups, groups, contents, codec, None)
+    hay = _ids_to_str(list(map(operator.index, token_ids)))
+    claimed = bytearray(len(hay))
+    needles: dict[tuple[int, ...] | str, tuple[tuple[int, ...], str]] = {}
+    placeholders: Placeholders = {}
+    for modality, items in resolved.items():
+        ranges: list[PlaceholderRange] = []
+        pos = 0
+        missed: dict[tuple[int, ...] | str, int] = {}  # content -> absent at or after this position
+        for item, candidates in enumerate(items):
+            best: tuple[int, PromptUpdateDetails, tuple[int, ...]] | None = None
+            for update in candidates:
+                details = update.content
+                full = details.full
+                if missed.get(full, len(hay) + 1) <= pos:
+                    continue
+                if full not in needles:
+                    ids = codec.ids(full, modality, "content")
+                    needles[full] = (ids, _ids_to_str(ids))
+                ids, needle = needles[full]
+                j = _find_unclaimed(hay, claimed, needle, pos)
+                if j < 0:
+                    missed[full] = pos
+                    continue
+                # An empty content matches anywhere; it loses to any real occurrence.
+                if best is None or (j < best[0] and ids) or not best[2]:
+                    best = (j, details, ids)
+            if best is None:
+                raise PromptUpdateError(
+                    f"{modality} item {item}: its placeholder sequence is not in the "
+                    f"prompt (searched from token {pos})",
+                    modality=modality,
+                    item_index=item,
+                )
+            j, details, ids = best
+            claimed[j : j + len(ids)] = b"\x01" * len(ids)
+            ranges.append(PlaceholderRange(j, len(ids), details.embed_mask(ids)))
+            pos = j + len(ids)
+        placeholders[modality] = ranges
+    return placeholders
 
 
 def find_placeholder_ranges(
@@ -453,49 +520,4 @@ def find_placeholder_ranges(
     Raises :class:`~mmproc.errors.PromptUpdateError` naming the modality and item index when an
     item's sequence is not found.
     """
-    ups, groups = _plan(updates, mm_counts)
-    codec = _Codec(tokenizer)
-    contents = _Contents(ups)
-    hay = _ids_to_str(list(map(operator.index, token_ids)))
-    claimed = bytearray(len(hay))
-    needles: dict[int, tuple[tuple[int, ...], str]] = {}  # static contents, converted once
-    placeholders: Placeholders = {}
-    for group in groups:
-        ranges: list[PlaceholderRange] = []
-        pos = 0
-        missed: dict[int, int] = {}  # static candidate -> absent at or after this position
-        for item in range(group.count):
-            best: tuple[int, PromptUpdateDetails, tuple[int, ...]] | None = None
-            for ci in group.candidates:
-                static = contents.is_static(ci)
-                if static and missed.get(ci, len(hay) + 1) <= pos:
-                    continue
-                details = contents.get(ci, item)
-                if static and ci in needles:
-                    ids, needle = needles[ci]
-                else:
-                    ids = codec.ids(details.full, group.modality, "content")
-                    needle = _ids_to_str(ids)
-                    if static:
-                        needles[ci] = (ids, needle)
-                j = _find_unclaimed(hay, claimed, needle, pos)
-                if j < 0:
-                    if static:
-                        missed[ci] = pos
-                    continue
-                # An empty content matches anywhere; it loses to any real occurrence.
-                if best is None or (j < best[0] and ids) or not best[2]:
-                    best = (j, details, ids)
-            if best is None:
-                raise PromptUpdateError(
-                    f"{group.modality} item {item}: its placeholder sequence is not in the "
-                    f"prompt (searched from token {pos})",
-                    modality=group.modality,
-                    item_index=item,
-                )
-            j, details, ids = best
-            claimed[j : j + len(ids)] = b"\x01" * len(ids)
-            ranges.append(PlaceholderRange(j, len(ids), details.embed_mask(ids)))
-            pos = j + len(ids)
-        placeholders[group.modality] = ranges
-    return placeholders
+    return find_resolved_ranges(token_ids, resolve_prompt_updates(updates, mm_counts), tokenizer)

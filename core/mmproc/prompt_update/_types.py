@@ -18,6 +18,7 @@ __all__ = [
     "PromptTarget",
     "PromptUpdate",
     "PromptUpdateDetails",
+    "ResolvedPromptUpdate",
     "Tokenizer",
 ]
 
@@ -100,8 +101,9 @@ class PromptIndex:
 
     Build one with :class:`PromptIndexTargets`. ``start`` is position 0, ``end`` the end of the
     prompt, ``prefix`` the position right after ``prefix_seq`` when the prompt starts with it (no
-    match otherwise). A replacement at an index replaces nothing there and matches once; an
-    insertion at an index takes every item of its modality, in item order.
+    match otherwise). Replacements and insertions at an index act alike (as vLLM applies them):
+    there is nothing to replace, so every item of the modality puts its content there, in item
+    order.
     """
 
     kind: Literal["start", "end", "prefix"]
@@ -273,3 +275,28 @@ class PromptInsertion(PromptUpdate):
     def content(self) -> PromptContent:
         """The insertion."""
         return self.insertion
+
+
+UpdateKind: TypeAlias = Literal["replace", "insert"]
+"""How a resolved update acts on its target."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPromptUpdate:
+    """One candidate update of one item, with the item's content already worked out.
+
+    :func:`mmproc.prompt_update.resolve_prompt_updates` turns a model's updates (whose content may
+    be a callable of the item index) into these, one tuple of candidates per item. They are plain
+    values that depend on the item alone, so the processor-output cache keeps them with the
+    item's outputs: a request whose items all hit applies them without calling the model again.
+    """
+
+    modality: str
+    kind: UpdateKind
+    target: tuple[int, ...] | str | PromptIndex
+    content: PromptUpdateDetails
+
+    @property
+    def candidate_key(self) -> tuple[UpdateKind, tuple[int, ...] | str | PromptIndex]:
+        """What makes two items' candidates the same update: its kind and target."""
+        return (self.kind, self.target)
