@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml $(PLUGINS)
 
 demo: $(STAMP)
 	$(BIN)/mmproc plugins
-	$(BIN)/mmproc demo
+	$(BIN)/mmproc demo --model demo:qwen2-vl
 
 test: $(STAMP)
 	$(BIN)/ruff check core plugins tests benchmarks

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from mmproc.processor import get_processor
-from mmproc.testing import write_qwen2_vl_folder
+from mmproc.factory import get_processor
+from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 from PIL import Image
 
 PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe.<|im_end|>"

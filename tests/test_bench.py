@@ -7,12 +7,13 @@ import json
 import pytest
 from mmproc.cli import main
 
-SMALL = ["--requests", "3", "--callers", "2", "--size", "64x48"]
+SMALL = ["--model", "demo:qwen2-vl", "--requests", "3", "--callers", "2", "--size", "64x48"]
 
 
 def test_bench_reports_every_worker_count_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", *SMALL, "--workers", "1", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert report["model"].startswith("demo model demo:qwen2-vl from plugin qwen_vl")
     assert report["architecture"] == "Qwen2VLForConditionalGeneration"
     assert report["plugin"] == "qwen_vl"
     assert (report["modality"], report["item"], report["requests"]) == ("image", "64x48", 3)
@@ -53,11 +54,11 @@ def test_bench_errors_name_what_was_wrong(capsys: pytest.CaptureFixture[str], tm
     with pytest.raises(SystemExit):
         main(["bench", "--workers", "0"])
     assert "expected a positive integer, got '0'" in capsys.readouterr().err
-    assert main(["bench", str(tmp_path / "missing")]) == 2
+    assert main(["bench", "--model", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    # a modality the model has no placeholder for: the processing error, not a traceback
+    # a modality the model does not take: said so, not a traceback
     assert main(["bench", *SMALL, "--workers", "1", "--modality", "audio", "--seconds", "1"]) == 2
-    assert "audio" in capsys.readouterr().err
+    assert "takes no audio items; it takes image, video" in capsys.readouterr().err
 
 
 def test_bench_passes_other_options_to_the_processor(capsys: pytest.CaptureFixture[str]) -> None:
@@ -77,3 +78,8 @@ def test_bench_passes_other_options_to_the_processor(capsys: pytest.CaptureFixtu
     assert "option must be KEY=VALUE" in capsys.readouterr().err
     assert main(["bench", *SMALL, "--backend", "pil", "--option", "backend=torchvision"]) == 2
     assert "backend given twice" in capsys.readouterr().err
+
+
+def test_bench_lists_the_demo_models(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--list"]) == 0
+    assert "demo:qwen2-vl" in capsys.readouterr().out

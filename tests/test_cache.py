@@ -1,4 +1,4 @@
-"""mmproc.cache: byte-bounded LRU, protection of a request's own entries, threads."""
+"""mmproc.cache: cached items, byte-bounded LRU, protection of a request's own entries, threads."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from mmproc.cache import (
     CACHE_BYTES_ENV,
     DEFAULT_CACHE_BYTES,
+    CachedItem,
     CacheStats,
     ProcessorCache,
     compact_entry,
@@ -19,10 +20,11 @@ from mmproc.cache import (
     parse_byte_size,
 )
 from mmproc.errors import ConfigurationError
+from mmproc.prompt_update import PromptReplacement, resolve_prompt_updates
 
 
-def _entry(nbytes: int = 100, fill: int = 0) -> dict[str, Any]:
-    return {"pixel_values": np.full(nbytes, fill, np.uint8)}
+def _entry(nbytes: int = 100, fill: int = 0) -> CachedItem:
+    return CachedItem.of({"pixel_values": np.full(nbytes, fill, np.uint8)})
 
 
 def _keys(cache: ProcessorCache) -> list[str]:
@@ -35,7 +37,7 @@ def test_miss_then_hit_and_stats() -> None:
     assert cache.put("a", _entry(fill=7))
     (hit,) = cache.lookup(["a"])
     assert hit is not None
-    assert hit["pixel_values"][0] == 7
+    assert hit.data["pixel_values"][0] == 7
     assert "a" in cache
     assert len(cache) == 1
     stats = cache.stats()
@@ -57,11 +59,12 @@ def test_a_retried_lookup_turns_misses_into_hits_once() -> None:
     assert (cache.stats().hits, cache.stats().misses) == (2, 1)
 
 
-def test_get_many_is_lookup() -> None:
+def test_get_is_a_lookup_of_one_key() -> None:
     cache = ProcessorCache(1000)
     cache.put("a", _entry())
-    assert [e is not None for e in cache.get_many(["a", "b", "a"])] == [True, False, True]
+    assert [e is not None for e in cache.lookup(["a", "b", "a"])] == [True, False, True]
     assert cache.get("b") is None
+    assert cache.get("a") is cache.lookup(["a"])[0]
 
 
 def test_lru_eviction_by_bytes() -> None:
@@ -86,9 +89,9 @@ def test_entries_of_different_sizes_count_their_bytes() -> None:
     }
     expected = 240 + 24 + 32 + 4
     assert entry_nbytes(entry) == expected
-    cache.put("a", entry)
+    cache.put("a", CachedItem.of(entry))
     assert cache.nbytes == expected
-    cache.put("b", _entry(10), nbytes=500)  # an explicit size is trusted
+    cache.put("b", CachedItem.of({"v": np.zeros(10)}, nbytes=500))  # an explicit size is trusted
     assert cache.nbytes == expected + 500
 
 
@@ -152,27 +155,35 @@ def test_existing_key_is_touched_not_replaced() -> None:
     cache.put("b", _entry(100))
     assert cache.put("a", _entry(100, fill=2))
     assert _keys(cache) == ["b", "a"]
-    assert cache.get("a")["pixel_values"][0] == 1  # type: ignore[index]
+    assert cache.get("a").data["pixel_values"][0] == 1  # type: ignore[union-attr]
     assert cache.nbytes == 200
 
 
-def test_lookup_returns_a_copy_of_the_dict() -> None:
-    cache = ProcessorCache(300)
-    original = _entry()
-    cache.put("a", original)
+def test_a_cached_item_is_read_only_and_keeps_its_prompt_updates() -> None:
+    original = {"pixel_values": np.zeros(4, np.uint8)}
+    updates = resolve_prompt_updates([PromptReplacement("image", [5], [5, 5])], {"image": 1})
+    item = CachedItem.of(original, updates["image"][0])
     original["extra"] = 1  # the caller's dict is not the stored one
-    hit = cache.get("a")
-    assert hit is not None
-    hit["other"] = 2
-    assert set(cache.get("a")) == {"pixel_values"}  # type: ignore[arg-type]
+    assert set(item.data) == {"pixel_values"}
+    with pytest.raises(TypeError):
+        item.data["other"] = 2  # type: ignore[index]
+    assert [u.content.full for u in item.prompt_updates] == [(5, 5)]
+    cache = ProcessorCache(300)
+    cache.put("a", item)
+    assert cache.get("a") is item  # shared, not copied: nothing can change it
 
 
 def test_views_of_a_batch_are_stored_compact() -> None:
     batch = torch.arange(100 * 4, dtype=torch.float32).reshape(100, 4)
     parts = batch.split([10, 90])
     cache = ProcessorCache(10_000)
-    cache.insert({"a": {"pv": parts[0]}, "b": {"pv": parts[1]}})
-    stored_a = cache.get("a")["pv"]  # type: ignore[index]
+    cache.insert(
+        {
+            "a": CachedItem.of({"pv": parts[0]}, compact=True),
+            "b": CachedItem.of({"pv": parts[1]}, compact=True),
+        }
+    )
+    stored_a = cache.get("a").data["pv"]  # type: ignore[union-attr]
     assert torch.equal(stored_a, parts[0])
     assert stored_a.untyped_storage().nbytes() == stored_a.nbytes == 160
     assert stored_a.untyped_storage().data_ptr() != batch.untyped_storage().data_ptr()
@@ -191,9 +202,7 @@ def test_compact_keeps_owning_values_without_copy() -> None:
     assert np.array_equal(compact["v"], view)
     assert compact["s"].is_contiguous() and torch.equal(compact["s"], strided)
     assert compact["n"] == 3
-    uncompacted = ProcessorCache(10_000, compact=False)
-    uncompacted.put("v", {"v": view})
-    assert uncompacted.get("v")["v"] is view  # type: ignore[index]
+    assert CachedItem.of({"v": view}).data["v"] is view  # not meant for the cache: no copy
 
 
 def test_clear() -> None:
@@ -270,7 +279,7 @@ def test_concurrent_requests_from_threads() -> None:
                 cache.insert(new, protect=keys)
                 for k, h in zip(keys, hits, strict=True):
                     # Content addressing: whatever is cached under a key has that key's content.
-                    if h is not None and h["pixel_values"][0] != int(k[1:]):
+                    if h is not None and h.data["pixel_values"][0] != int(k[1:]):
                         raise AssertionError(f"wrong entry for {k}")
                 assert cache.nbytes <= cache.max_bytes
         except BaseException as exc:
@@ -284,6 +293,6 @@ def test_concurrent_requests_from_threads() -> None:
     assert errors == []
     stats = cache.stats()
     assert stats.hits + stats.misses == sum(lookups)
-    assert stats.nbytes == sum(n for _, n in cache._data.values()) <= 2000
+    assert stats.nbytes == sum(item.nbytes for item in cache._data.values()) <= 2000
     assert stats.entries == len(cache)
     assert stats.hits > 0 and stats.evictions > 0

@@ -218,22 +218,6 @@ def test_lazy_clones_are_made_only_for_threads_that_run(processor, small_image):
         assert pool.clones_made == 2, "one task ran: one worker thread made its clone"
 
 
-def test_shared_members_are_not_copied(processor, small_image):
-    def task(*, processor):
-        return processor
-
-    with ProcessorPool(lambda: processor, 2, share=("tokenizer",)) as pool:
-        clone = pool.run(task)
-    assert clone is not processor
-    assert clone.tokenizer is processor.tokenizer
-    assert clone.image_processor is not processor.image_processor
-
-
-def test_sharing_a_member_the_processor_lacks_is_an_error(processor):
-    with pytest.raises(ConfigurationError, match="no_such_member"):
-        ProcessorPool(lambda: processor, 2, share=("no_such_member",))
-
-
 def test_a_fast_tokenizer_keeps_call_settings_on_itself(processor):
     """Why clones do not share the tokenizer: a call's truncation stays on the Rust object,
     where a concurrent caller of a shared tokenizer would pick it up."""

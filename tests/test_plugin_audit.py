@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from mmproc.model_hooks import load_model_hooks
 from mmproc.registry import get_registry
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
@@ -66,5 +67,5 @@ def test_shipped_plugins_serve_their_architectures_with_checked_hooks(
     registry = get_registry()
     reference = registry.resolve(architecture)
     assert reference.plugin == plugin
-    hooks = registry.load_model(reference)  # imports the class and checks it against the specs
-    assert hooks.model_class.__module__.startswith(f"mmproc_{plugin}")
+    hooks = load_model_hooks(reference)  # imports the class and checks it against the specs
+    assert hooks.reference.target.startswith(f"mmproc_{plugin}.")

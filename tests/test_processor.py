@@ -28,12 +28,12 @@ from mmproc.errors import (
     ProcessingError,
     PromptUpdateError,
 )
+from mmproc.factory import get_processor
 from mmproc.fields import BatchedField, FlatField
 from mmproc.fused_norm import ChannelLayout, FusedInputNorm, NormSpec
-from mmproc.processor import get_processor
 from mmproc.prompt_update import PlaceholderRange, PromptReplacement
 from mmproc.registry import Registry
-from mmproc.testing import write_qwen2_vl_folder
+from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 from PIL import Image
 
 ARCH = "TinyQwenForTest"
@@ -49,6 +49,8 @@ class TinyQwen:
 
     def __init__(self) -> None:
         self.calls = []
+        self.update_calls: list[int] = []
+        BUILT.append(self)
 
     @hookimpl
     def process_mm_data(self, mm_items):
@@ -68,6 +70,7 @@ class TinyQwen:
 
     @hookimpl
     def get_prompt_updates(self, processor, item_outputs):
+        self.update_calls.append(len(item_outputs.get("image", ())))
         pad = processor.image_token_id
         images = item_outputs.get("image", [])
 
@@ -155,6 +158,13 @@ class NestedTinyQwen(TinyQwen):
 
 
 MODELS: dict[str, type] = {}
+BUILT: list[TinyQwen] = []  # every model object, in the order processors built them
+
+
+def model_of(proc: Any) -> Any:
+    """The model object whose hooks ``proc`` calls: the last one built of its class."""
+    cls = MODELS[proc.ctx.architecture]
+    return next(m for m in reversed(BUILT) if type(m) is cls)
 
 
 class _Registrar:
@@ -285,7 +295,7 @@ def test_hf_expansion_path_equals_the_cached_path(folder, registry, cache_bytes)
 
 def test_only_missing_items_reach_the_hf_processor_once_each(folder, registry) -> None:
     with get_processor(folder, registry=registry) as proc:
-        model = proc.model.model_instance
+        model = model_of(proc)
         first = proc.process(f"{IMAGE}{IMAGE}", {"image": [image(7), image(7)]})
         # Two equal images in one request: processed once.
         assert model.calls == [1]
@@ -445,14 +455,14 @@ def test_an_item_the_processor_rejects_is_named_by_its_request_index(processor) 
     assert err.value.index == 2
     with pytest.raises(MediaItemError, match=r"^image item 0: .*aspect ratio"):
         processor.process(IMAGE, {"image": [too_wide]})
-    calls = len(processor.model.model_instance.calls)
+    calls = len(model_of(processor).calls)
     with pytest.raises(MediaItemError, match=r"^image item 5: "):
         processor.process(
             IMAGE * 8,
             {"image": [image(50 + i) for i in range(5)] + [too_wide, image(60), image(61)]},
         )
     # Finding the culprit costs a few halvings, not one call per item.
-    assert len(processor.model.model_instance.calls) - calls <= 6
+    assert len(model_of(processor).calls) - calls <= 6
     out = processor.process(IMAGE, {"image": [image(43)]})
     assert_matches_hf(processor, out, IMAGE, [image(43)])
 
@@ -601,7 +611,7 @@ def test_a_plugin_names_its_own_options(folder, registry) -> None:
 
 
 def test_extra_options_must_be_names(folder, registry) -> None:
-    with pytest.raises(PluginSpecError, match="extra_options must return an iterable"):
+    with pytest.raises(PluginSpecError, match="hook 'extra_options': must return an iterable"):
         get_processor(copy_folder(folder, "BadOptionsTinyQwen"), registry=registry)
 
 
@@ -634,7 +644,7 @@ def test_concurrent_misses_of_one_item_compute_it_once(folder, registry, workers
     with get_processor(
         copy_folder(folder, "GatedTinyQwen"), registry=registry, workers=workers, warm_up=True
     ) as proc:
-        model = proc.model.model_instance
+        model = model_of(proc)
         with ThreadPoolExecutor(2) as callers:
             first = callers.submit(proc.process, IMAGE, {"image": [picture]})
             assert model.entered.wait(30)
@@ -664,7 +674,7 @@ def test_async_waiters_do_not_hold_up_other_requests(folder, registry) -> None:
         io_workers=1,  # one prepare thread: a waiter holding it would stall everything
         warm_up=True,
     ) as proc:
-        model = proc.model.model_instance
+        model = model_of(proc)
 
         async def main() -> None:
             owner = asyncio.ensure_future(proc.process_async(IMAGE, {"image": [picture]}))
@@ -691,7 +701,7 @@ def test_a_waiter_computes_the_item_itself_when_the_owner_fails(folder, registry
     with get_processor(
         copy_folder(folder, "GatedTinyQwen"), registry=registry, workers=2, warm_up=True
     ) as proc:
-        model = proc.model.model_instance
+        model = model_of(proc)
         model.failing = True
         with ThreadPoolExecutor(2) as callers:
             first = callers.submit(proc.process, IMAGE, {"image": [picture]})
@@ -718,7 +728,7 @@ def test_an_uncacheable_result_is_computed_again_by_the_waiter(folder, registry)
         warm_up=True,
         cache_bytes=1,  # on, but too small to keep anything
     ) as proc:
-        model = proc.model.model_instance
+        model = model_of(proc)
         with ThreadPoolExecutor(2) as callers:
             first = callers.submit(proc.process, IMAGE, {"image": [picture]})
             assert model.entered.wait(30)
@@ -744,3 +754,132 @@ def test_a_request_made_from_inside_a_worker_does_not_wait_for_its_own_claim(
         inner = NestedTinyQwen.inner
     assert outer.features[0].hash == inner.features[0].hash
     assert (len(proc._in_flight), proc._in_flight.waiting) == (0, 0)
+
+
+# --- cache hits without a worker ----------------------------------------------------------------
+
+
+def test_a_request_whose_items_all_hit_is_answered_without_a_worker(folder, registry) -> None:
+    pictures = [image(120), image(121, (40, 130))]
+    prompt = f"two {IMAGE} pictures {IMAGE}"
+    with get_processor(
+        copy_folder(folder, "GatedTinyQwen"), registry=registry, workers=1, warm_up=True
+    ) as proc:
+        model = model_of(proc)
+        model.gate.set()
+        first = proc.process(prompt, {"image": pictures})
+        calls, update_calls = list(model.calls), list(model.update_calls)
+        # The only worker is busy from here on: a request needing it could not finish.
+        model.gate.clear()
+        model.entered.clear()
+        ids = proc.hf_processor.tokenizer(prompt)["input_ids"]
+        with ThreadPoolExecutor(2) as callers:
+            busy = callers.submit(proc.process, IMAGE, {"image": [image(122)]})
+            try:
+                assert model.entered.wait(30)
+                again = callers.submit(proc.process, prompt, {"image": pictures}).result(30)
+                as_ids = callers.submit(proc.process, ids, {"image": pictures[::-1]}).result(30)
+                assert not busy.done()
+            finally:
+                model.gate.set()
+            busy.result(30)
+    assert model.calls == [*calls, 1] and model.update_calls == [*update_calls, 1]
+    assert again.prompt_token_ids == first.prompt_token_ids
+    assert [f.placeholder for f in again.features] == [f.placeholder for f in first.features]
+    assert [f.hash for f in again.features] == [f.hash for f in first.features]
+    for a, b in zip(again.features, first.features):
+        assert torch.equal(a.data["pixel_values"], b.data["pixel_values"])
+    # The cached resolved updates are per item: swapped items swap their expansions.
+    lengths = [f.placeholder.length for f in as_ids.features]
+    assert lengths == [f.placeholder.length for f in first.features][::-1]
+
+
+def test_an_async_request_whose_items_all_hit_needs_no_worker_either(folder, registry) -> None:
+    picture = image(123)
+    with get_processor(
+        copy_folder(folder, "GatedTinyQwen"), registry=registry, workers=1, warm_up=True
+    ) as proc:
+        model = model_of(proc)
+        model.gate.set()
+        proc.process(IMAGE, {"image": [picture]})
+        model.gate.clear()
+        model.entered.clear()
+
+        async def main() -> None:
+            busy = asyncio.ensure_future(proc.process_async(IMAGE, {"image": [image(124)]}))
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, model.entered.wait, 30)
+                hit = await asyncio.wait_for(proc.process_async(IMAGE, {"image": [picture]}), 30)
+                assert hit.features and not busy.done()
+            finally:
+                model.gate.set()
+            await asyncio.wait_for(busy, 30)
+
+        asyncio.run(main())
+
+
+# --- caller-given item ids ----------------------------------------------------------------------
+
+
+def test_an_item_given_an_id_is_keyed_by_it_and_carries_it_as_its_hash(processor) -> None:
+    first = processor.process(IMAGE, {"image": [image(130)]}, mm_uuids={"image": ["photo-1"]})
+    assert first.features[0].hash == "photo-1"
+    # The id is the caller's promise that equal ids mean equal content: another picture under
+    # the same id is served the first one's outputs (see mmproc.cache_keys on trusting ids).
+    hits = processor.cache.stats().hits
+    second = processor.process(IMAGE, {"image": [image(131)]}, mm_uuids={"image": "photo-1"})
+    assert processor.cache.stats().hits == hits + 1
+    assert torch.equal(
+        second.features[0].data["pixel_values"], first.features[0].data["pixel_values"]
+    )
+
+
+def test_items_without_an_id_are_hashed_by_content(processor) -> None:
+    pictures = [image(132), image(133)]
+    named = processor.process(
+        IMAGE + IMAGE, {"image": pictures}, mm_uuids={"image": [None, "second"]}
+    )
+    plain = processor.process(IMAGE + IMAGE, {"image": pictures})
+    assert named.features[0].hash == plain.features[0].hash
+    assert named.features[1].hash == "second" != plain.features[1].hash
+    assert len(plain.features[1].hash) == 64  # a content key, never an id
+
+
+def test_an_id_under_other_hf_kwargs_is_another_entry_and_another_hash(processor) -> None:
+    ids = {"image": ["photo-2"]}
+    plain = processor.process(IMAGE, {"image": [image(134)]}, mm_uuids=ids)
+    sized = processor.process(
+        IMAGE,
+        {"image": [image(134)]},
+        {"size": {"shortest_edge": 3136, "longest_edge": 28 * 28 * 4}},
+        mm_uuids=ids,
+    )
+    assert plain.features[0].hash == "photo-2"
+    assert sized.features[0].hash != "photo-2"
+    assert plain.features[0].placeholder.length > sized.features[0].placeholder.length
+
+
+@pytest.mark.parametrize(
+    ("mm_uuids", "message"),
+    [
+        ({"image": ["a", "b"]}, r"mm_uuids has 2 image ids for 1 image item"),
+        ({"image": [7]}, r"image item 0: its id must be a non-empty string, got 7"),
+        ({"image": [""]}, r"image item 0: its id must be a non-empty string"),
+        ({"image": ["x" * 1025]}, r"image item 0: its id is 1025 characters long"),
+        ({"video": ["v"]}, r"mm_uuids has 1 video id for 0 video items"),
+        (["a"], r"mm_uuids must map modality to item ids, not list"),
+    ],
+)
+def test_bad_ids_name_the_item_and_the_processor_keeps_serving(
+    processor, mm_uuids: Any, message: str
+) -> None:
+    with pytest.raises(MediaItemError, match=message):
+        processor.process(IMAGE, {"image": [image(135)]}, mm_uuids=mm_uuids)
+    assert processor.process(IMAGE, {"image": [image(135)]}).features
+
+
+def test_media_of_a_modality_the_model_does_not_take_is_named(processor) -> None:
+    with pytest.raises(MediaItemError, match=r"takes no audio items; it takes image") as info:
+        processor.process("hello", {"audio": [(np.zeros(1600, np.float32), 16000)]})
+    assert info.value.modality == "audio"
+    assert processor.modalities == ("image",)

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from mmproc.errors import MmprocError
-from mmproc.processor import get_processor
-from mmproc.testing import write_qwen2_vl_folder
+from mmproc.factory import get_processor
+from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 from PIL import Image
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"

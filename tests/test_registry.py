@@ -92,6 +92,7 @@ def test_plugins_json_reports_every_plugin_with_its_fields(plugin_site: Path) ->
             "version",
             "status",
             "architectures",
+            "demo_models",
             "conflicts",
             "error",
         }
@@ -291,7 +292,8 @@ def test_model_relay_uses_model_answers_then_core_defaults(plugin_site: Path) ->
         """
         import mmproc
         from mmproc.context import ModelContext
-        hooks = mmproc.get_registry().load_model("GoodModelForTest")
+        from mmproc.model_hooks import load_model_hooks
+        hooks = load_model_hooks(mmproc.get_registry().resolve("GoodModelForTest"))
         ctx = ModelContext("GoodModelForTest", plugin=hooks.plugin)
         print(hooks.get_dummy_text(ctx, {"image": 2}))
         print(hooks.worker_count_hint(ctx, "cpu"))
@@ -328,8 +330,10 @@ def test_in_process_plugin_goes_through_the_same_checks() -> None:
     bad = registry.add_plugin(BadPlugin(), name="bad")
     assert bad.status is PluginStatus.FAILED
     assert "mmproc_register_modles" in bad.error
+    from mmproc.model_hooks import load_model_hooks
+
     with pytest.raises(mmproc_errors().PluginSpecError, match="cannot import model class"):
-        registry.load_model("InProcessArch")
+        load_model_hooks(registry.resolve("InProcessArch"))
 
 
 def mmproc_errors():

@@ -30,11 +30,13 @@ _LAZY: dict[str, str] = {
     "PlaceholderRange": "mmproc.prompt_update",
     "PluginConflictError": "mmproc.errors",
     "ProcessedInputs": "mmproc.processor",
+    "ProcessingMode": "mmproc.context",
     "Processor": "mmproc.processor",
+    "ProcessorOptions": "mmproc.options",
     "PromptUpdateError": "mmproc.errors",
     "Registry": "mmproc.registry",
     "UnknownArchitectureError": "mmproc.errors",
-    "get_processor": "mmproc.processor",
+    "get_processor": "mmproc.factory",
     "get_registry": "mmproc.registry",
     "hookimpl": "mmproc.hookspecs",
 }
@@ -50,7 +52,9 @@ __all__ = [
     "PlaceholderRange",
     "PluginConflictError",
     "ProcessedInputs",
+    "ProcessingMode",
     "Processor",
+    "ProcessorOptions",
     "PromptUpdateError",
     "Registry",
     "UnknownArchitectureError",
@@ -75,7 +79,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from mmproc.context import ModelContext
+    from mmproc.context import ModelContext, ProcessingMode
     from mmproc.errors import (
         DecodeError,
         MediaItemError,
@@ -84,8 +88,10 @@ if TYPE_CHECKING:
         PromptUpdateError,
         UnknownArchitectureError,
     )
+    from mmproc.factory import get_processor
     from mmproc.fused_norm import FusedInputNorm, NormSpec
     from mmproc.hookspecs import hookimpl
-    from mmproc.processor import MultiModalFeature, ProcessedInputs, Processor, get_processor
+    from mmproc.options import ProcessorOptions
+    from mmproc.processor import MultiModalFeature, ProcessedInputs, Processor
     from mmproc.prompt_update import PlaceholderRange
     from mmproc.registry import Registry, get_registry

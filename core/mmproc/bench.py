@@ -1,7 +1,7 @@
 """``mmproc bench``: how fast preprocessing runs for a model on this machine.
 
-For a local model folder (default: the built-in demo model, a tiny Qwen2-VL) and synthetic media
-of a chosen size, it measures, for each worker count asked for:
+For a model (``--model FOLDER`` or a plugin's demo model, ``--model demo:NAME``; ``--list``
+shows them) and synthetic media of a chosen size, it measures, for each worker count asked for:
 
 * **latency**: one request at a time (cache off), median and 95th percentile;
 * **throughput**: ``--requests`` requests sent by ``--callers`` threads at once (cache off), and
@@ -26,6 +26,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from mmproc.demo_models import add_model_arguments, describe_demo_models, open_model
 
 __all__ = ["add_arguments", "run_bench"]
 
@@ -72,9 +74,7 @@ def _option(text: str) -> tuple[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``mmproc bench`` options."""
-    parser.add_argument(
-        "model", nargs="?", help="local model folder (default: the built-in demo model)"
-    )
+    add_model_arguments(parser)
     parser.add_argument("--modality", choices=("image", "video", "audio"), default="image")
     parser.add_argument(
         "--size", type=_size, default=(1024, 768), help="image / frame size (default 1024x768)"
@@ -102,23 +102,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _items(args: argparse.Namespace) -> list[Any]:
-    import numpy as np
+    from mmproc.demo import demo_audio, demo_image, demo_video
 
-    from mmproc.demo import demo_image
-
+    seeds = range(_DISTINCT_ITEMS)
     if args.modality == "image":
-        return [demo_image(seed, args.size) for seed in range(_DISTINCT_ITEMS)]
+        return [demo_image(seed, args.size) for seed in seeds]
     if args.modality == "video":
-        return [
-            np.stack([np.asarray(demo_image(seed + t, args.size)) for t in range(args.frames)])
-            for seed in range(_DISTINCT_ITEMS)
-        ]
-    rate = 16000
-    t = np.arange(args.seconds * rate, dtype=np.float32) / rate
-    return [
-        (0.3 * np.sin(2 * np.pi * (220 + 55 * seed) * t).astype(np.float32), rate)
-        for seed in range(_DISTINCT_ITEMS)
-    ]
+        return [demo_video(seed, args.size, args.frames) for seed in seeds]
+    return [demo_audio(seed, args.seconds) for seed in seeds]
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -138,7 +129,7 @@ def _median_us(fn: Callable[[], object], calls: int = 200) -> float:
 
 
 def _measure_workers(folder: Path, options: dict[str, Any], workers: int, args, items) -> dict:
-    from mmproc.processor import get_processor
+    from mmproc.factory import get_processor
 
     with get_processor(folder, workers=workers, cache_bytes=0, warm_up=True, **options) as proc:
         prompt = proc.model.get_dummy_text(proc.ctx, {args.modality: 1})
@@ -167,7 +158,7 @@ def _measure_workers(folder: Path, options: dict[str, Any], workers: int, args, 
 
 
 def _measure_cache_and_wire(folder: Path, options: dict[str, Any], args, items) -> dict:
-    from mmproc.processor import get_processor
+    from mmproc.factory import get_processor
     from mmproc.wire import decode_request, encode_request
 
     with get_processor(folder, workers=1, warm_up=True, **options) as proc:
@@ -192,7 +183,7 @@ def _measure_cache_and_wire(folder: Path, options: dict[str, Any], args, items) 
 
 def _print_report(report: dict[str, Any]) -> None:
     print(
-        f"model: {report['architecture']} (plugin {report['plugin']}), "
+        f"model: {report['model']}\n{report['architecture']} (plugin {report['plugin']}), "
         f"{report['modality']} items of {report['item']}, "
         f"{'uint8 pixels, device normalisation' if report['device_normalize'] else 'float32'}"
     )
@@ -222,9 +213,11 @@ def _print_report(report: dict[str, Any]) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; returns the exit status."""
     from mmproc.errors import ConfigurationError
-    from mmproc.processor import get_processor
-    from mmproc.testing import write_qwen2_vl_folder
+    from mmproc.factory import get_processor
 
+    if args.list:
+        print(describe_demo_models())
+        return 0
     options: dict[str, Any] = dict(args.option)
     for managed, how in _MANAGED_OPTIONS.items():
         if managed in options:
@@ -241,11 +234,7 @@ def run_bench(args: argparse.Namespace) -> int:
         options["device_normalize"] = False
     items = _items(args)
     with tempfile.TemporaryDirectory(prefix="mmproc-bench-") as tmp:
-        if args.model is None:
-            folder = write_qwen2_vl_folder(Path(tmp) / "demo-qwen2-vl")
-            options.setdefault("backend", "pil")
-        else:
-            folder = Path(args.model)
+        folder, described = open_model(args.model, Path(tmp))
         rows = [_measure_workers(folder, options, w, args, items) for w in args.workers]
         wire = _measure_cache_and_wire(folder, options, args, items)
         with get_processor(folder, workers=1, warm_up=False, **options) as proc:
@@ -256,6 +245,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "audio": f"{args.seconds} s",
     }[args.modality]
     report = {
+        "model": described,
         "architecture": architecture,
         "plugin": plugin,
         "modality": args.modality,

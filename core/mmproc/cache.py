@@ -1,29 +1,30 @@
-"""The processor-output cache: per-item processor outputs by content key, bounded in bytes, LRU.
+"""The processor-output cache: each item's outputs and prompt update by key, bounded in bytes, LRU.
 
-Keys come from :mod:`mmproc.hashing` (``item_key(hash_context(...), hash_item(...))``); entries are
-the per-item dicts that :func:`mmproc.fields.split_outputs` produces. The pipeline uses it once per
-request, in two calls::
+A :class:`CachedItem` is one media item as the processor produced it: its per-item outputs (what
+:func:`mmproc.fields.split_outputs` gives) and its resolved prompt updates
+(:class:`~mmproc.prompt_update.ResolvedPromptUpdate`), so a request whose items all hit needs
+neither the HF processor nor the model's hooks. Keys come from :mod:`mmproc.cache_keys`. The
+pipeline uses the cache once per request, in two calls::
 
-    keys = [item_key(ctx, hash_item(m, item)) for ...]
     hits = cache.lookup(keys)             # one lock: every hit becomes most recently used
-    ...                                   # run the HF processor on the misses only, split per item
-    cache.insert(new_entries, protect=keys)
+    ...                                   # run the HF processor on the misses only
+    cache.insert(new_items, protect=keys)
 
 Why a request never evicts its own hits: ``insert`` first moves every key in ``protect`` that is
 still cached to the most-recently-used end (other requests may have run since ``lookup``), then
-evicts strictly from the least-recently-used end, and never evicts a protected key or an entry
-inserted by the same call — an entry that would need that is simply not cached (counted in
-``stats().rejected``). Likewise an entry larger than the whole cache is not cached.
+evicts strictly from the least-recently-used end, and never evicts a protected key or an item
+inserted by the same call — an item that would need that is simply not cached (counted in
+``stats().rejected``). Likewise an item larger than the whole cache is not cached.
 
-Sizes: an entry's size is the sum of its arrays' and tensors' ``nbytes`` (other leaves count
+Sizes: an item's size is the sum of its arrays' and tensors' ``nbytes`` (other leaves count
 ``sys.getsizeof``). A per-item slice of a batched tensor keeps the whole batch's memory alive, so
-``insert`` stores such views as compact copies (``compact=True``, the default); otherwise the byte
-bound would not bound memory. Entries handed out by ``lookup`` are shallow copies of the stored
-dict, sharing the tensors: treat the tensors as read-only.
+items meant for the cache are made with ``CachedItem.of(..., compact=True)``, which stores such
+views as compact copies; otherwise the byte bound would not bound memory. Cached items are
+immutable and shared, their ``data`` a read-only mapping: treat the tensors as read-only too.
 
 The bound: ``ProcessorCache(max_bytes)``; ``None`` reads ``MMPROC_CACHE_BYTES`` (an integer, or
 with a unit: ``512MiB``, ``4GiB``, ``2GB``) and falls back to 4 GiB; ``0`` disables the cache.
-All methods are thread-safe (one lock; copying and sizing happen outside it).
+All methods are thread-safe (one lock; copying and sizing happen before it, in ``CachedItem.of``).
 """
 
 from __future__ import annotations
@@ -35,17 +36,22 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mmproc._torch import is_torch_tensor
 from mmproc.errors import ConfigurationError
 
+if TYPE_CHECKING:
+    from mmproc.prompt_update import ResolvedPromptUpdate
+
 __all__ = [
     "CACHE_BYTES_ENV",
     "DEFAULT_CACHE_BYTES",
     "CacheStats",
+    "CachedItem",
     "ProcessorCache",
     "compact_entry",
     "entry_nbytes",
@@ -149,6 +155,35 @@ def compact_entry(entry: Entry) -> dict[str, Any]:
     return {k: _compact_value(v) for k, v in entry.items()}
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class CachedItem:
+    """One item's processor outputs and resolved prompt updates, as the cache keeps them.
+
+    ``data`` maps output names to the item's own values (read-only); ``prompt_updates`` are the
+    item's candidate updates in the order the model gave them; ``nbytes`` its size in the cache.
+    Build one with :meth:`of`.
+    """
+
+    data: Mapping[str, Any]
+    prompt_updates: tuple[ResolvedPromptUpdate, ...]
+    nbytes: int
+
+    @classmethod
+    def of(
+        cls,
+        data: Entry,
+        prompt_updates: Sequence[ResolvedPromptUpdate] = (),
+        *,
+        compact: bool = False,
+        nbytes: int | None = None,
+    ) -> CachedItem:
+        """An item from its outputs; ``compact`` copies views of larger buffers (for caching),
+        ``nbytes`` overrides the computed size."""
+        stored = compact_entry(data) if compact else dict(data)
+        size = entry_nbytes(stored) if nbytes is None else int(nbytes)
+        return cls(MappingProxyType(stored), tuple(prompt_updates), size)
+
+
 @dataclass(frozen=True, slots=True)
 class CacheStats:
     """A snapshot of a cache's counters."""
@@ -171,28 +206,26 @@ class CacheStats:
 
 
 class ProcessorCache:
-    """Thread-safe LRU cache of per-item processor outputs, bounded by total bytes.
+    """Thread-safe LRU cache of :class:`CachedItem` by key, bounded by total bytes.
 
     Args:
         max_bytes: The bound; ``0`` disables caching; ``None`` reads ``MMPROC_CACHE_BYTES`` and
             defaults to 4 GiB.
-        compact: Store views of larger buffers as compact copies (see the module docstring).
 
     Raises:
         ConfigurationError: a negative bound or an unparsable ``MMPROC_CACHE_BYTES``.
     """
 
-    def __init__(self, max_bytes: int | None = None, *, compact: bool = True) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
         if max_bytes is None:
             env = os.environ.get(CACHE_BYTES_ENV, "").strip()
             max_bytes = parse_byte_size(env) if env else DEFAULT_CACHE_BYTES
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise ConfigurationError(f"max_bytes must be an integer >= 0, got {max_bytes!r}")
         self._max_bytes = max_bytes
-        self._compact = compact
         self._lock = threading.Lock()
-        # key -> (entry, nbytes); order is recency, least recently used first.
-        self._data: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
+        # key -> item; order is recency, least recently used first.
+        self._data: OrderedDict[str, CachedItem] = OrderedDict()
         self._nbytes = 0
         self._hits = self._misses = self._inserts = self._evictions = self._rejected = 0
 
@@ -218,8 +251,8 @@ class ProcessorCache:
         """Membership without touching recency or counters."""
         return key in self._data
 
-    def lookup(self, keys: Sequence[str], *, retry: bool = False) -> list[dict[str, Any] | None]:
-        """Return the entry (a shallow copy) or ``None`` for each key, in order.
+    def lookup(self, keys: Sequence[str], *, retry: bool = False) -> list[CachedItem | None]:
+        """Return the item or ``None`` for each key, in order.
 
         Every hit is moved to the most-recently-used end, all under one lock acquisition, so a
         request's hits are the last candidates for eviction when its misses are inserted.
@@ -227,58 +260,44 @@ class ProcessorCache:
         (another request may have computed them since): a hit then turns that miss into a hit in
         the statistics, and a miss is not counted twice.
         """
-        out: list[dict[str, Any] | None] = []
+        out: list[CachedItem | None] = []
         with self._lock:
             data = self._data
             for key in keys:
-                slot = data.get(key)
-                if slot is None:
-                    out.append(None)
-                    continue
-                data.move_to_end(key)
-                out.append(dict(slot[0]))
+                item = data.get(key)
+                if item is not None:
+                    data.move_to_end(key)
+                out.append(item)
             hits = sum(1 for e in out if e is not None)
             self._hits += hits
             self._misses += -hits if retry else len(out) - hits
         return out
 
-    get_many = lookup
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        """Return one entry (touching it) or ``None``."""
+    def get(self, key: str) -> CachedItem | None:
+        """Return one item (touching it) or ``None``."""
         return self.lookup([key])[0]
 
-    def put(self, key: str, entry: Entry, nbytes: int | None = None) -> bool:
-        """Insert one entry; return whether it is cached now (see :meth:`insert`)."""
-        return self.insert([(key, entry, nbytes)]) == 1
+    def put(self, key: str, item: CachedItem) -> bool:
+        """Insert one item; return whether it is cached now (see :meth:`insert`)."""
+        return self.insert({key: item}) == 1
 
     def insert(
         self,
-        entries: Mapping[str, Entry] | Iterable[tuple[str, Entry] | tuple[str, Entry, int | None]],
+        items: Mapping[str, CachedItem] | Iterable[tuple[str, CachedItem]],
         *,
         protect: Iterable[str] = (),
     ) -> int:
-        """Insert entries, evicting least recently used ones; return how many are cached now.
+        """Insert items, evicting least recently used ones; return how many are cached now.
 
         Args:
-            entries: ``key -> entry``, or ``(key, entry)`` / ``(key, entry, nbytes)`` tuples
-                (``nbytes`` ``None``: computed). A key already cached keeps its entry and is
-                touched (keys are content hashes: same key, same content).
+            items: ``key -> item`` or ``(key, item)`` pairs. A key already cached keeps its item
+                and is touched (keys name content: same key, same content).
             protect: Keys that must survive this call (the request's own keys): touched first,
-                never evicted by it. Entries inserted by this call are protected the same way.
+                never evicted by it. Items inserted by this call are protected the same way.
         """
         if not self.enabled:
             return 0
-        items = entries.items() if isinstance(entries, Mapping) else entries
-        prepared: list[tuple[str, dict[str, Any], int]] = []
-        # Copy and size outside the lock: clones can take milliseconds.
-        for item in items:
-            key, entry = item[0], item[1]
-            nbytes = item[2] if len(item) > 2 else None  # type: ignore[misc]
-            stored = compact_entry(entry) if self._compact else dict(entry)
-            if nbytes is None:
-                nbytes = entry_nbytes(stored)
-            prepared.append((key, stored, int(nbytes)))
+        prepared = list(items.items() if isinstance(items, Mapping) else items)
 
         cached = 0
         with self._lock:
@@ -286,20 +305,21 @@ class ProcessorCache:
             pinned: set[str] = set()
             pinned_bytes = 0
             for key in protect:
-                slot = data.get(key)
-                if slot is not None and key not in pinned:
+                held = data.get(key)
+                if held is not None and key not in pinned:
                     data.move_to_end(key)
                     pinned.add(key)
-                    pinned_bytes += slot[1]
-            for key, stored, nbytes in prepared:
-                slot = data.get(key)
-                if slot is not None:
+                    pinned_bytes += held.nbytes
+            for key, item in prepared:
+                held = data.get(key)
+                if held is not None:
                     data.move_to_end(key)
                     if key not in pinned:
                         pinned.add(key)
-                        pinned_bytes += slot[1]
+                        pinned_bytes += held.nbytes
                     cached += 1
                     continue
+                nbytes = item.nbytes
                 # Unpinned entries all precede pinned ones (pinned keys were moved to the end), so
                 # evicting from the front frees up to max - pinned bytes without touching them.
                 if nbytes > self._max_bytes - pinned_bytes:
@@ -309,9 +329,9 @@ class ProcessorCache:
                     old_key = next(iter(data))
                     if old_key in pinned:  # unreachable by the invariant above; keep it honest
                         raise RuntimeError("ProcessorCache would evict a protected entry")
-                    self._nbytes -= data.pop(old_key)[1]
+                    self._nbytes -= data.pop(old_key).nbytes
                     self._evictions += 1
-                data[key] = (stored, nbytes)
+                data[key] = item
                 self._nbytes += nbytes
                 self._inserts += 1
                 pinned.add(key)

@@ -1,8 +1,9 @@
 """The ``mmproc`` command line.
 
 ``mmproc plugins [--json]`` lists plugins; ``mmproc which ARCH_OR_FOLDER [--check]`` says which
-plugin and class serve an architecture; ``mmproc demo`` runs the main job end to end on the
-built-in demo model; ``mmproc bench [FOLDER]`` measures preprocessing latency and throughput.
+plugin and class serve an architecture; ``mmproc demo [--model FOLDER|demo:NAME]`` runs the main
+job end to end on a model (a plugin's demo model by default); ``mmproc bench`` measures
+preprocessing latency and throughput.
 Listing plugins imports no model class and no transformers: it only reads entry points and runs
 the plugins' light registration modules.
 """
@@ -64,7 +65,9 @@ def _cmd_which(args: argparse.Namespace) -> int:
         "class": ref.target,
     }
     if args.check:
-        registry.load_model(ref)
+        from mmproc.model_hooks import load_model_hooks
+
+        load_model_hooks(ref)
         record["checked"] = True
     if args.json:
         print(json.dumps(record, indent=2))

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmproc.context import ModelContext
+from mmproc.context import ModelContext, ProcessingMode
 from mmproc.errors import ProcessorLoadError
 from mmproc.hookspecs import hookimpl
 
@@ -50,7 +50,7 @@ class DefaultModel:
         folder = ctx.require_model_path()
         from transformers import AutoProcessor
 
-        kwargs = dict(ctx.option("hf_processor_kwargs") or {})
+        kwargs = dict(ctx.processor_options.hf_processor_kwargs)
         try:
             return AutoProcessor.from_pretrained(str(folder), local_files_only=True, **kwargs)
         except Exception as exc:
@@ -63,12 +63,17 @@ class DefaultModel:
     def process_mm_data(
         self,
         ctx: ModelContext,
+        mode: ProcessingMode,
         prompt: str,
         mm_items: Mapping[str, Sequence[Any]],
         processor: Any,
         hf_kwargs: Mapping[str, Any],
     ) -> Mapping[str, Any]:
-        """Call the processor with text and each modality under its HF keyword."""
+        """Call the processor with text and each modality under its HF keyword.
+
+        ``hf_kwargs`` already realise ``mode`` (the core adds the raw-pixel switches and the
+        device), so the default needs nothing else from it.
+        """
         kwargs: dict[str, Any] = {"text": [prompt], "return_tensors": "pt"}
         for modality, items in mm_items.items():
             if not items:

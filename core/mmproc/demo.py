@@ -1,14 +1,15 @@
-"""``mmproc demo``: the main job, end to end, on the built-in demo model.
+"""``mmproc demo``: the main job, end to end, on a plugin's demo model (or any model folder).
 
-The demo model is a tiny Qwen2-VL folder written by :mod:`mmproc.testing` (a small tokenizer with
-Qwen2-VL's real special tokens and Qwen2-VL's real preprocessor settings; no weights, no hub).
-The demo then does what a serving front end does:
+A demo model is a tiny local folder a plugin writes (``--model demo:NAME``; ``--list`` shows
+them): the model's real special tokens and preprocessor settings, no weights, no hub. The demo
+then does what a serving front end does:
 
 1. preprocess two bursts of requests concurrently on the worker pool (``process_async``); the
-   second repeats the first's images, so the processor-output cache serves them;
+   second repeats the first's media, so the processor-output cache serves them;
 2. send each processed request to an "engine" over ZMQ ``ipc://`` with big tensors in zero-copy
    frames;
-3. on the engine side, decode and normalise the uint8 pixels with ``FusedInputNorm``.
+3. on the engine side, decode the features and make model inputs of them (uint8 pixels are
+   normalised by ``FusedInputNorm``).
 
 It prints one row per request and a summary.
 """
@@ -23,16 +24,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_arguments", "demo_image", "run_demo"]
+from mmproc.demo_models import add_model_arguments, describe_demo_models, open_model
 
-PROMPT_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+__all__ = ["add_arguments", "demo_audio", "demo_image", "demo_item", "demo_video", "run_demo"]
+
 DEMO_SIZES = ((1024, 768), (640, 480), (800, 600), (1280, 720))
+_QUESTIONS = {"image": "picture", "video": "video", "audio": "recording"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``mmproc demo`` options."""
+    add_model_arguments(parser)
     parser.add_argument("--requests", type=int, default=8, help="requests to send (default 8)")
-    parser.add_argument("--backend", choices=("pil", "torchvision"), default="pil")
+    parser.add_argument(
+        "--modality",
+        choices=("image", "video", "audio"),
+        default=None,
+        help="media to send (default: the first the model takes)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("pil", "torchvision"),
+        default=None,
+        help="image backend, for models whose plugin offers one",
+    )
     parser.add_argument("--workers", type=int, default=None, help="preprocessing workers")
     parser.add_argument(
         "--no-device-normalize",
@@ -61,8 +76,33 @@ def demo_image(seed: int, size: tuple[int, int]) -> Any:
     return image
 
 
+def demo_video(seed: int, size: tuple[int, int], frames: int) -> Any:
+    """``frames`` demo pictures as one ``(T, H, W, 3)`` uint8 video."""
+    import numpy as np
+
+    return np.stack([np.asarray(demo_image(seed + t, size)) for t in range(frames)])
+
+
+def demo_audio(seed: int, seconds: float, rate: int = 16000) -> tuple[Any, int]:
+    """A tone (its pitch set by ``seed``) as ``(waveform, sample_rate)``."""
+    import numpy as np
+
+    t = np.arange(int(seconds * rate), dtype=np.float32) / rate
+    return (0.3 * np.sin(2 * np.pi * (220 + 55 * seed) * t)).astype(np.float32), rate
+
+
+def demo_item(modality: str, seed: int) -> Any:
+    """One demo item of ``modality``, of the demo's sizes."""
+    size = DEMO_SIZES[seed % len(DEMO_SIZES)]
+    if modality == "image":
+        return demo_image(seed, size)
+    if modality == "video":
+        return demo_video(seed, (size[0] // 4, size[1] // 4), frames=4)
+    return demo_audio(seed, seconds=2 + seed)
+
+
 def _engine(address: str, expected: int, results: dict[str, Any], ready: threading.Event) -> None:
-    """The receiving side: decode requests and normalise their pixels on the engine's device."""
+    """The receiving side: decode requests and make model inputs on the engine's device."""
     import torch
 
     from mmproc.engine import prepare_request
@@ -93,33 +133,41 @@ async def _preprocess_all(processor: Any, requests: list[tuple[str, dict[str, An
 
 def run_demo(args: argparse.Namespace) -> int:
     """Run the demo; returns the exit status."""
-    from mmproc.processor import get_processor
-    from mmproc.testing import write_qwen2_vl_folder
+    if args.list:
+        print(describe_demo_models())
+        return 0
+    from mmproc.errors import MediaItemError
+    from mmproc.factory import get_processor
     from mmproc.wire import RequestSender, encode_request
 
     with tempfile.TemporaryDirectory(prefix="mmproc-demo-") as tmp:
-        folder = write_qwen2_vl_folder(Path(tmp) / "demo-qwen2-vl")
-        options: dict[str, Any] = {"backend": args.backend}
+        folder, described = open_model(args.model, Path(tmp))
+        options: dict[str, Any] = {}
+        if args.backend is not None:
+            options["backend"] = args.backend
         if args.workers is not None:
             options["workers"] = args.workers
         if args.no_device_normalize:
             options["device_normalize"] = False
-        print(f"demo model: tiny Qwen2-VL folder at {folder} (real special tokens and settings)")
+        print(f"model: {described}")
         with get_processor(folder, warm_up=True, **options) as processor:
             print(f"processor: {processor!r}")
-            # Images repeat across requests: the later requests are served by the cache.
-            images = [demo_image(i, DEMO_SIZES[i % len(DEMO_SIZES)]) for i in range(4)]
+            modality = args.modality or (processor.modalities or ("image",))[0]
+            if modality not in processor.modalities:
+                raise MediaItemError(
+                    modality, None, f"the model takes {', '.join(processor.modalities)} only"
+                )
+            # Items repeat across requests: the later requests are served by the cache.
+            items = [demo_item(modality, seed) for seed in range(4)]
             requests = []
             for r in range(args.requests):
                 count = 1 + r % 2
-                chosen = [images[(r % 4 + k) % len(images)] for k in range(count)]
-                prompt = (
-                    "<|im_start|>user\n" + PROMPT_IMAGE * count + "What is in this picture?"
-                    "<|im_end|>\n<|im_start|>assistant\n"
-                )
-                requests.append((prompt, {"image": chosen}))
+                chosen = [items[(r % 4 + k) % len(items)] for k in range(count)]
+                placeholders = processor.model.get_dummy_text(processor.ctx, {modality: count})
+                prompt = f"{placeholders}What is in this {_QUESTIONS[modality]}?"
+                requests.append((prompt, {modality: chosen}))
 
-            # Two bursts: the second repeats the first's images, so the cache serves them.
+            # Two bursts: the second repeats the first's media, so the cache serves them.
             half = (len(requests) + 1) // 2
             start = time.perf_counter()
             processed = asyncio.run(_preprocess_all(processor, requests[:half]))
@@ -164,12 +212,12 @@ def run_demo(args: argparse.Namespace) -> int:
                     f"  {', '.join(got.get('dtypes', ['(not received)']))}"
                 )
             stats = processor.cache.stats()
+            shipped = "uint8 pixels" if processor.norm_spec else "no uint8 pixels (CPU-normalised)"
             print()
             print(
-                f"{len(processed)} requests preprocessed in {total_s * 1e3:.0f} ms "
+                f"{len(processed)} {modality} requests preprocessed in {total_s * 1e3:.0f} ms "
                 f"({len(processed) / total_s:.1f} req/s) on {processor.workers} worker(s), "
                 f"{processor.path} path; cache {stats.hits} hits / {stats.misses} misses; "
-                f"pixels shipped as {'uint8' if processor.norm_spec else 'float32'}; "
-                f"{len(results)}/{len(processed)} received and prepared by the engine"
+                f"{shipped}; {len(results)}/{len(processed)} received and prepared by the engine"
             )
             return 0 if len(results) == len(processed) else 1

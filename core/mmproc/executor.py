@@ -30,8 +30,7 @@ Clone scope (what the clone shares)
     worker cannot know that no request's ``hf_kwargs`` and no other user of the original (the
     pipeline tokenising prompts) ever passes truncation or padding, so isolation wins, and the
     cost is moved off the requests instead: :meth:`ProcessorPool.warm_up` makes every worker's
-    clone ahead of the first request (2 workers: ~0.9 s at start-up, plus the probe). A model
-    that has proven a member read-only can still share it with ``share=("tokenizer",)``.
+    clone ahead of the first request (2 workers: ~0.9 s at start-up, plus the probe).
 
 Probe and fallback
     One probe clone at construction (discarded: the processor may still change). A processor
@@ -82,7 +81,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from mmproc.errors import ConfigurationError
@@ -256,9 +255,6 @@ class ProcessorPool:
         resolve_processor: returns the processor to clone, called at every clone (never stored),
             so that changes made to the processor after the pool was built reach every clone.
         workers: number of worker threads (>= 1); see :func:`resolve_worker_count`.
-        share: names of members of the processor (e.g. ``"tokenizer"``) that clones share with
-            the original instead of copying. Only for members nobody mutates: see the module
-            documentation for why the tokenizer is copied by default.
         intra_op_threads: torch intra-op threads for the workers while the pool runs: ``"auto"``
             (``cores // workers`` with more than one worker, else untouched), an int, or ``None``
             to leave torch alone.
@@ -278,7 +274,6 @@ class ProcessorPool:
         resolve_processor: Callable[[], Any],
         workers: int,
         *,
-        share: Collection[str] = (),
         intra_op_threads: int | Literal["auto"] | None = "auto",
         warm_up: bool | Literal["background"] = False,
         name: str = "mmproc-preprocess",
@@ -295,10 +290,7 @@ class ProcessorPool:
                 f"intra_op_threads must be 'auto', None or an integer >= 1, "
                 f"got {intra_op_threads!r}"
             )
-        if isinstance(share, str):  # ("tokenizer") without the comma
-            share = (share,)
         self._resolve_processor = resolve_processor
-        self._share = tuple(share)
         self._workers = workers
         self._name = name
         self._model = model or "the model"
@@ -315,14 +307,6 @@ class ProcessorPool:
         self._threads_token: int | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
-        if self._share:
-            original = resolve_processor()
-            missing = [m for m in self._share if not hasattr(original, m)]
-            if missing:
-                raise ConfigurationError(
-                    f"share names members the processor of {self._model} does not have: "
-                    + ", ".join(missing)
-                )
         if not warm_up:
             try:
                 self._clone()
@@ -506,16 +490,10 @@ class ProcessorPool:
         return self._fallback_reason is not None or getattr(self._local, "in_worker", False)
 
     def _clone(self) -> Any:
-        """One deep copy of the resolved processor, sharing the members named in ``share``."""
+        """One deep copy of the resolved processor."""
         with self._clone_lock:
             start = time.perf_counter()
-            original = self._resolve_processor()
-            memo: dict[int, Any] = {}
-            for member_name in self._share:
-                member = getattr(original, member_name, None)
-                if member is not None:
-                    memo[id(member)] = member
-            clone = copy.deepcopy(original, memo)
+            clone = copy.deepcopy(self._resolve_processor())
             self._clones_made += 1
         logger.debug(
             "cloned the processor of %s for %s in %.1f ms",

@@ -4,12 +4,17 @@ There are two layers, both pluggy hooks under the project name ``"mmproc"``:
 
 * **Discovery** (:class:`DiscoverySpec`): a plugin distribution names a light module in the
   ``mmproc.plugins`` entry-point group. That module implements ``mmproc_register_models``
-  and registers architecture names against lazy ``"package.module:ModelClass"`` references. It must
-  not import torch or transformers.
+  and registers architecture names (and, optionally, demo models) against lazy
+  ``"package.module:name"`` references. It must not import torch or transformers.
 * **Model hooks** (:class:`ModelSpec`): a model is a class whose methods, marked with
   ``@mmproc.hookimpl``, implement some of these hooks. Every model hook is ``firstresult``: the
   model's answer wins, and the core's own ``trylast`` defaults (:mod:`mmproc.defaults`) answer
   whatever the model leaves out. Each takes ``ctx``, a :class:`mmproc.context.ModelContext`.
+
+The core tells the hooks how they are called; a hook never infers it from its arguments:
+``process_mm_data`` gets a :class:`mmproc.context.ProcessingMode` saying whether the prompt is
+the model's dummy text (media only) or the user's, whether pixels must come out raw, and the
+device.
 
 A plugin also declares which plugin API it targets, in the ``mmproc.plugin_api`` entry-point group,
 so an incompatible plugin is reported without being imported::
@@ -18,13 +23,18 @@ so an incompatible plugin is reported without being imported::
     my_model = "mmproc_my_model.plugin"
 
     [project.entry-points."mmproc.plugin_api"]
-    my_model = "mmproc.hookspecs:PLUGIN_API_V1"
+    my_model = "mmproc.hookspecs:PLUGIN_API_V2"
 
 Threads: discovery and ``load_hf_processor`` run once, on the thread that first looks the model up;
-so do ``extra_options``, ``supports_concurrency``, ``worker_count_hint`` and ``device_norm_spec``,
-when a ``Processor`` is built. The per-request hooks (``process_mm_data``, ``get_mm_fields``,
+so do ``extra_options``, ``supports_concurrency``, ``worker_count_hint``, ``device_norm_spec``
+and ``get_dummy_text`` (once per modality, to learn the model's placeholders), when a
+``Processor`` is built. The per-request hooks (``process_mm_data``, ``get_mm_fields``,
 ``get_prompt_updates``, ``get_dummy_text``) run on a worker-pool thread, with that thread's own
 processor clone, possibly on several threads at once: keep no per-request state on the model.
+
+Versions: API 2 added ``mode`` to ``process_mm_data``, demo models, and the rule that
+``get_prompt_updates`` sees only the items being computed (their resolved updates are cached
+with them). Plugins written for API 1 are reported ``incompatible``.
 """
 
 from __future__ import annotations
@@ -35,14 +45,15 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from mmproc.context import ModelContext
+    from mmproc.context import ModelContext, ProcessingMode
     from mmproc.executor import PreprocessingPath
     from mmproc.fields import FieldSpec
     from mmproc.fused_norm import NormSpec
     from mmproc.prompt_update import PromptUpdate
 
 __all__ = [
-    "PLUGIN_API_V1",
+    "MODEL_HOOK_NAMES",
+    "PLUGIN_API_V2",
     "PLUGIN_API_VERSION",
     "SUPPORTED_PLUGIN_API_VERSIONS",
     "DiscoverySpec",
@@ -54,11 +65,11 @@ __all__ = [
 PROJECT_NAME = "mmproc"
 
 #: The plugin API this core provides. Bumped only when the hook contract breaks.
-PLUGIN_API_VERSION = 1
+PLUGIN_API_VERSION = 2
 #: Plugin API versions a plugin may declare and still be loaded.
-SUPPORTED_PLUGIN_API_VERSIONS = frozenset({1})
-#: Target of a plugin's ``mmproc.plugin_api`` entry point that declares API version 1.
-PLUGIN_API_V1 = 1
+SUPPORTED_PLUGIN_API_VERSIONS = frozenset({2})
+#: Target of a plugin's ``mmproc.plugin_api`` entry point that declares API version 2.
+PLUGIN_API_V2 = 2
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 #: Marks a function or method as an mmproc hook implementation.
@@ -70,15 +81,17 @@ class DiscoverySpec:
 
     @hookspec
     def mmproc_register_models(self, registry: Any) -> None:
-        """Register the architectures this plugin serves.
+        """Register the architectures (and demo models) this plugin serves.
 
         Signature: ``mmproc_register_models(registry) -> None``.
 
         Call ``registry.register(architecture_or_list, "package.module:ModelClass")`` once per
-        model class. The reference is stored as a string and imported only when one of its
-        architectures is looked up. Called once per process, on the thread of the first lookup,
-        right after the entry point is imported. If it raises, everything it registered is rolled
-        back and the plugin is reported as ``failed``.
+        model class, and optionally ``registry.register_demo(name, "package.module:function",
+        description=...)`` per demo model (a function writing a tiny model folder; see
+        :class:`mmproc.registry.ModelRegistrar`). References are stored as strings and imported
+        only when used. Called once per process, on the thread of the first lookup, right after
+        the entry point is imported. If it raises, everything it registered is rolled back and
+        the plugin is reported as ``failed``.
         """
 
 
@@ -91,29 +104,38 @@ class ModelSpec:
 
         Signature: ``load_hf_processor(ctx) -> processor``.
 
-        Default: transformers' ``AutoProcessor`` with ``local_files_only=True``. A model
-        customises the object here (patch methods with ``types.MethodType`` so deep copies rebind
-        them to each worker's clone). Called once per ``Processor``, on the constructing thread;
-        worker threads deep-copy the result.
+        Default: transformers' ``AutoProcessor`` with ``local_files_only=True`` and
+        ``ctx.processor_options.hf_processor_kwargs``. A model customises the object here (patch
+        methods with ``types.MethodType`` so deep copies rebind them to each worker's clone).
+        Called once per ``Processor``, on the constructing thread; worker threads deep-copy the
+        result. An exception other than an mmproc error reaches the caller as a
+        :class:`~mmproc.errors.ProcessorLoadError` naming the plugin, hook and model.
         """
 
     @hookspec(firstresult=True)
     def process_mm_data(
         self,
         ctx: ModelContext,
+        mode: ProcessingMode,
         prompt: str,
         mm_items: Mapping[str, Sequence[Any]],
         processor: Any,
         hf_kwargs: Mapping[str, Any],
-    ) -> Mapping[str, Any]:
+    ) -> Mapping[str, Any] | None:
         """Run the HF processor on ``prompt`` and the loaded media items.
 
-        Signature: ``process_mm_data(ctx, prompt, mm_items, processor, hf_kwargs) -> outputs``.
+        Signature: ``process_mm_data(ctx, mode, prompt, mm_items, processor, hf_kwargs) ->
+        outputs``.
 
-        ``mm_items`` maps modality to loaded items (see :mod:`mmproc.inputs`); the result maps
-        output names (``input_ids``, ``pixel_values``, ...) to batched tensors. It must use the
-        ``processor`` it is given (the worker thread's own clone), never one stored on the model.
-        Called on a worker-pool thread.
+        ``mode`` (:class:`mmproc.context.ProcessingMode`) says how the core calls: with the
+        model's dummy text or the user's prompt, raw pixels or normalised ones, on which device.
+        ``mm_items`` maps modality to the loaded items (see :mod:`mmproc.inputs`: PIL images,
+        video arrays, :class:`~mmproc.inputs.AudioItem`); ``hf_kwargs`` is everything to pass to
+        the HF processor besides text and media. The result maps output names (``input_ids``,
+        ``pixel_values``, ...) to batched tensors. It must use the ``processor`` it is given (the
+        worker thread's own clone), never one stored on the model. Return ``None`` to let the
+        default run (the HF processor called with each modality under its HF keyword). Called
+        on a worker-pool thread.
         """
 
     @hookspec(firstresult=True)
@@ -125,8 +147,8 @@ class ModelSpec:
         Signature: ``get_mm_fields(ctx, outputs) -> {output_name: FieldSpec}``.
 
         Use :mod:`mmproc.fields` specs (batched, flat with per-item sizes, shared). Every output
-        except the prompt's own (``input_ids``, ``attention_mask``) must be covered. Called on a
-        worker-pool thread after each processor call. No default: a model must implement it.
+        except the prompt's own (``input_ids``, ``attention_mask``, ...) must be covered. Called
+        on a worker-pool thread after each processor call. No default: a model must implement it.
         """
 
     @hookspec(firstresult=True)
@@ -141,10 +163,13 @@ class ModelSpec:
 
         Signature: ``get_prompt_updates(ctx, processor, mm_items, item_outputs) -> [PromptUpdate]``.
 
-        ``item_outputs`` maps modality to the per-item output dicts (already split by fields), so
+        ``mm_items`` and ``item_outputs`` hold the items being computed now (not those served
+        from the cache), ``item_outputs`` as per-item output dicts (already split by fields), so
         a replacement can size itself from the item's grid. Return
-        :class:`mmproc.prompt_update.PromptReplacement` / ``PromptInsertion`` objects. Called on
-        a worker-pool thread, with its processor clone. No default: a model must implement it.
+        :class:`mmproc.prompt_update.PromptReplacement` / ``PromptInsertion`` objects; a content
+        callable gets the item's index in ``item_outputs``. The core resolves each item's
+        contents right away and caches them with the item, so a content must depend on that item
+        alone. Called on a worker-pool thread, with its processor clone. No default.
         """
 
     @hookspec(firstresult=True)
@@ -154,8 +179,9 @@ class ModelSpec:
         Signature: ``get_dummy_text(ctx, mm_counts) -> str``.
 
         Used to run the HF processor on media alone (cache misses, token-id prompts), and, for one
-        item, to spot placeholders of a modality a request has no item of. Called on a
-        worker-pool thread. No default: a model must implement it.
+        item of each modality, to learn the model's placeholders: a modality whose dummy text is
+        empty is one the model does not take. Called on a worker-pool thread, and at
+        construction. No default: a model must implement it.
         """
 
     @hookspec(firstresult=True)
@@ -180,8 +206,10 @@ class ModelSpec:
         """Describe the pixel normalisation the engine can do on the device, if supported.
 
         Signature: ``device_norm_spec(ctx, processor) -> NormSpec | None``. Default ``None`` (the
-        CPU normalises). With a spec and ``device_normalize`` on, pixels travel as uint8 and the
-        engine applies :class:`mmproc.fused_norm.FusedInputNorm`. Called once per ``Processor``.
+        CPU normalises). With a spec and ``device_normalize`` on, the core calls
+        ``process_mm_data`` with ``mode.raw_pixels`` and rescale / normalise switched off,
+        pixels travel as uint8 and the engine applies :class:`mmproc.fused_norm.FusedInputNorm`.
+        Called once per ``Processor``.
         """
 
     @hookspec(firstresult=True)
@@ -191,7 +219,7 @@ class ModelSpec:
         Signature: ``extra_options(ctx) -> Iterable[str]``. Default: none. ``get_processor``
         rejects any option that is neither the core's nor named here, so that a misspelled
         option is an error instead of silently doing nothing. Called once per ``Processor``,
-        before the HF processor is loaded.
+        before the HF processor is loaded (``ctx.options`` is empty then).
         """
 
 

@@ -1,14 +1,24 @@
-"""A typed facade over one model's hook relay: the core calls hooks through this, never raw."""
+"""One model's hooks: import its class, check it against the specs, relay calls to it, typed.
+
+:func:`load_model_hooks` takes a :class:`mmproc.registry.ModelReference` (what the registry maps an
+architecture to) and returns a :class:`ModelHooks`: a pluggy relay holding the core's defaults
+(``trylast``) and the model object, behind one typed method per hook. The core calls hooks only
+through it; it checks what hooks return, and turns a hook's unexpected exception into an mmproc
+error naming the plugin, the hook and the model.
+"""
 
 from __future__ import annotations
 
+import difflib
+import importlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pluggy
 
-from mmproc.context import ModelContext
-from mmproc.errors import PluginSpecError, ProcessingError
+from mmproc.context import ModelContext, ProcessingMode
+from mmproc.errors import MmprocError, PluginSpecError, ProcessingError, ProcessorLoadError
+from mmproc.hookspecs import MODEL_HOOK_NAMES, PROJECT_NAME, ModelSpec
 
 if TYPE_CHECKING:
     from mmproc.executor import PreprocessingPath
@@ -17,20 +27,106 @@ if TYPE_CHECKING:
     from mmproc.prompt_update import PromptUpdate
     from mmproc.registry import ModelReference
 
-__all__ = ["ModelHooks"]
+__all__ = ["ModelHooks", "build_model_manager", "import_model_class", "load_model_hooks"]
+
+
+def import_model_class(reference: ModelReference) -> type:
+    """Import the class a reference names; errors name the plugin, the target and the cause."""
+    module_name, _, attr_path = reference.target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr_path.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise PluginSpecError(
+            f"plugin {reference.plugin!r}: cannot import model class {reference.target!r} "
+            f"for {reference.architecture}: {type(exc).__name__}: {exc}",
+            plugin=reference.plugin,
+        ) from exc
+    if not isinstance(obj, type):
+        raise PluginSpecError(
+            f"plugin {reference.plugin!r}: {reference.target!r} is a {type(obj).__name__}, "
+            "not a class",
+            plugin=reference.plugin,
+        )
+    return obj
+
+
+def build_model_manager(model_class: type, *, plugin: str) -> pluggy.PluginManager:
+    """A hook relay for one model: the core defaults (trylast), then the model object.
+
+    The model class is checked against the hook specifications first: a method named like a
+    hook but not marked ``@mmproc.hookimpl``, a marked method whose name is not a hook, or an
+    argument the hook does not provide is an error naming plugin, class and hook.
+    """
+    from mmproc.defaults import DefaultModel
+
+    where = f"plugin {plugin!r}, class {model_class.__module__}.{model_class.__qualname__}"
+    marker_attr = f"{PROJECT_NAME}_impl"
+    for hook_name in MODEL_HOOK_NAMES:
+        attr = getattr(model_class, hook_name, None)
+        if callable(attr) and not hasattr(attr, marker_attr):
+            raise PluginSpecError(
+                f"{where}: method {hook_name!r} is not marked @mmproc.hookimpl, so it would never "
+                "be called",
+                plugin=plugin,
+            )
+    manager = pluggy.PluginManager(PROJECT_NAME)
+    manager.add_hookspecs(ModelSpec)
+    manager.register(DefaultModel(), name="mmproc.defaults")
+    try:
+        instance = model_class()
+    except Exception as exc:
+        raise PluginSpecError(
+            f"{where}: constructing the model object failed: {type(exc).__name__}: {exc}",
+            plugin=plugin,
+        ) from exc
+    try:
+        manager.register(instance, name=f"{plugin}:{model_class.__qualname__}")
+    except pluggy.PluginValidationError as exc:
+        raise PluginSpecError(f"{where}: {exc}", plugin=plugin) from exc
+    unknown = _unknown_hooks(manager)
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, MODEL_HOOK_NAMES, n=1)
+            hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+        raise PluginSpecError(
+            f"{where}: {', '.join(hints)} {'is not a hook' if len(hints) == 1 else 'are not hooks'}"
+            f"; the model hooks are: {', '.join(MODEL_HOOK_NAMES)}",
+            plugin=plugin,
+        )
+    return manager
+
+
+def _unknown_hooks(manager: pluggy.PluginManager) -> list[str]:
+    names: list[str] = []
+    for name in dir(manager.hook):
+        caller = getattr(manager.hook, name)
+        if isinstance(caller, pluggy.HookCaller) and not caller.has_spec():
+            names.append(name)
+    return sorted(names)
+
+
+def load_model_hooks(reference: ModelReference) -> ModelHooks:
+    """Import the model class of ``reference`` and build its checked hook relay."""
+    model_class = import_model_class(reference)
+    return ModelHooks(build_model_manager(model_class, plugin=reference.plugin), reference)
+
+
+def _counts(mm_items: Mapping[str, Sequence[Any]]) -> str:
+    described = ", ".join(
+        f"{len(v)} {k}{'' if len(v) == 1 else 's'}" for k, v in mm_items.items() if v
+    )
+    return described or "no media"
 
 
 class ModelHooks:
     """The hooks of one architecture's model class, with types and checked results."""
 
-    def __init__(
-        self, manager: pluggy.PluginManager, reference: ModelReference, model_class: type
-    ) -> None:
+    def __init__(self, manager: pluggy.PluginManager, reference: ModelReference) -> None:
         self._hook = manager.hook
         self.reference = reference
-        self.model_class = model_class
-        #: The model object whose methods implement the hooks.
-        self.model_instance = next(p for p in manager.get_plugins() if isinstance(p, model_class))
 
     @property
     def plugin(self) -> str:
@@ -42,8 +138,9 @@ class ModelHooks:
         """The architecture name this model was looked up by."""
         return self.reference.architecture
 
-    def _describe(self) -> str:
-        return f"plugin {self.plugin!r}, class {self.model_class.__qualname__}"
+    def _describe(self, hook: str | None = None) -> str:
+        where = f"plugin {self.plugin!r}, {self.reference.target}"
+        return f"{where}, hook {hook!r}" if hook else where
 
     def _required(self, hook: str, result: Any) -> Any:
         if result is None:
@@ -54,13 +151,25 @@ class ModelHooks:
             )
         return result
 
+    def _failed(self, hook: str, exc: Exception, error: type[MmprocError]) -> NoReturn:
+        raise error(
+            f"{self.architecture} ({self._describe(hook)}): {type(exc).__name__}: {exc}"
+        ) from exc
+
     def load_hf_processor(self, ctx: ModelContext) -> Any:
         """Build the HF processor (see :meth:`mmproc.hookspecs.ModelSpec.load_hf_processor`)."""
-        return self._required("load_hf_processor", self._hook.load_hf_processor(ctx=ctx))
+        try:
+            result = self._hook.load_hf_processor(ctx=ctx)
+        except MmprocError:
+            raise
+        except Exception as exc:
+            self._failed("load_hf_processor", exc, ProcessorLoadError)
+        return self._required("load_hf_processor", result)
 
     def process_mm_data(
         self,
         ctx: ModelContext,
+        mode: ProcessingMode,
         prompt: str,
         mm_items: Mapping[str, Sequence[Any]],
         processor: Any,
@@ -69,18 +178,19 @@ class ModelHooks:
         """Run the HF processor; failures name the plugin and model."""
         try:
             result = self._hook.process_mm_data(
-                ctx=ctx, prompt=prompt, mm_items=mm_items, processor=processor, hf_kwargs=hf_kwargs
+                ctx=ctx,
+                mode=mode,
+                prompt=prompt,
+                mm_items=mm_items,
+                processor=processor,
+                hf_kwargs=hf_kwargs,
             )
         except (PluginSpecError, ProcessingError):
             raise
         except Exception as exc:
-            counts = (
-                ", ".join(f"{len(v)} {k}{'' if len(v) == 1 else 's'}" for k, v in mm_items.items())
-                or "no media"
-            )
             raise ProcessingError(
                 f"{ctx.architecture} ({self._describe()}): the processor failed on a request "
-                f"with {counts}: {type(exc).__name__}: {exc}"
+                f"with {_counts(mm_items)}: {type(exc).__name__}: {exc}"
             ) from exc
         return self._required("process_mm_data", result)
 
@@ -105,9 +215,15 @@ class ModelHooks:
 
     def get_dummy_text(self, ctx: ModelContext, mm_counts: Mapping[str, int]) -> str:
         """Text holding placeholders for ``mm_counts`` items."""
-        return self._required(
+        text = self._required(
             "get_dummy_text", self._hook.get_dummy_text(ctx=ctx, mm_counts=mm_counts)
         )
+        if not isinstance(text, str):
+            raise PluginSpecError(
+                f"{self._describe('get_dummy_text')}: returned {type(text).__name__}, not str",
+                plugin=self.plugin,
+            )
+        return text
 
     def extra_options(self, ctx: ModelContext) -> frozenset[str]:
         """Names of the processor options the model reads beyond the core's."""
@@ -118,7 +234,8 @@ class ModelHooks:
             names = tuple(names)
         if names is None or not all(isinstance(name, str) for name in names):
             raise PluginSpecError(
-                f"{self._describe()}: extra_options must return an iterable of option names (str)",
+                f"{self._describe('extra_options')}: must return an iterable of option names "
+                "(str)",
                 plugin=self.plugin,
             )
         return frozenset(names)
@@ -132,7 +249,7 @@ class ModelHooks:
         hint = self._hook.worker_count_hint(ctx=ctx, path=path)
         if hint is not None and (not isinstance(hint, int) or isinstance(hint, bool) or hint < 1):
             raise PluginSpecError(
-                f"{self._describe()}: worker_count_hint returned {hint!r}; expected an int >= 1 "
+                f"{self._describe('worker_count_hint')}: returned {hint!r}; expected an int >= 1 "
                 "or None",
                 plugin=self.plugin,
             )

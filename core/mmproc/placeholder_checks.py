@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmproc.errors import PromptUpdateError
-from mmproc.prompt_update import PromptReplacement
+from mmproc.prompt_update import ResolvedUpdates
 
 __all__ = [
     "check_placeholder_count",
@@ -70,19 +70,19 @@ def _target_ids(target: Any, tokenizer: Any) -> tuple[int, ...] | None:
     return None  # zero-width index targets
 
 
-def check_placeholder_count(
-    ids: Sequence[int], updates: Sequence[Any], counts: Mapping[str, int], tokenizer: Any
-) -> None:
+def check_placeholder_count(ids: Sequence[int], resolved: ResolvedUpdates, tokenizer: Any) -> None:
     """More placeholders than items of a modality is an error naming the modality and counts.
 
-    Only a modality whose replacements share one target can be counted; with alternative targets
-    the apply step still checks that each item finds one.
+    ``resolved`` holds each item's candidate updates. Only a modality whose replacements share
+    one target can be counted; with alternative targets the apply step still checks that each
+    item finds one.
     """
-    for modality, count in counts.items():
+    for modality, items in resolved.items():
         targets = {
-            _target_ids(u.target, tokenizer)
-            for u in updates
-            if isinstance(u, PromptReplacement) and u.modality == modality
+            _target_ids(update.target, tokenizer)
+            for candidates in items
+            for update in candidates
+            if update.kind == "replace"
         }
         targets.discard(None)
         if len(targets) != 1:
@@ -90,6 +90,7 @@ def check_placeholder_count(
         (target,) = targets
         assert target is not None
         found = count_occurrences(ids, target)
+        count = len(items)
         if found > count:
             raise PromptUpdateError(
                 f"the prompt has {found} {modality} placeholders but the request has "

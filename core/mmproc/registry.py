@@ -4,8 +4,10 @@ Plugins are pip-installed distributions with an entry point in the ``mmproc.plug
 registry reads entry points on first use (never at ``import mmproc``), applies the allow- and
 block-lists before importing anything, skips plugins that target another plugin API, then imports
 each remaining entry point on its own and calls its ``mmproc_register_models`` hook. A plugin that
-raises is recorded and rolled back; the others keep working. Model classes are imported only when
-one of their architectures is looked up (:meth:`Registry.load_model`).
+raises is recorded and rolled back; the others keep working. The registry only maps names to lazy
+references: architectures to model classes (imported by
+:func:`mmproc.model_hooks.load_model_hooks` when a model is used) and demo-model names to folder
+writers (:class:`DemoModel`).
 
 Environment (read at discovery):
 
@@ -21,17 +23,16 @@ Environment (read at discovery):
 
 from __future__ import annotations
 
-import difflib
 import enum
 import importlib
 import importlib.metadata
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pluggy
 
@@ -39,24 +40,22 @@ from mmproc.errors import (
     ConfigurationError,
     IncompatiblePluginError,
     PluginConflictError,
+    PluginError,
     PluginLoadError,
     PluginSpecError,
     UnknownArchitectureError,
 )
 from mmproc.hookspecs import (
-    MODEL_HOOK_NAMES,
+    PLUGIN_API_VERSION,
     PROJECT_NAME,
     SUPPORTED_PLUGIN_API_VERSIONS,
     DiscoverySpec,
-    ModelSpec,
 )
-
-if TYPE_CHECKING:
-    from mmproc.model_hooks import ModelHooks
 
 __all__ = [
     "API_ENTRY_POINT_GROUP",
     "ENTRY_POINT_GROUP",
+    "DemoModel",
     "ModelReference",
     "ModelRegistrar",
     "PluginInfo",
@@ -69,6 +68,7 @@ ENTRY_POINT_GROUP = "mmproc.plugins"
 API_ENTRY_POINT_GROUP = "mmproc.plugin_api"
 
 _TARGET_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_DEMO_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _API_TARGET_PATTERN = re.compile(r"^mmproc\.hookspecs:PLUGIN_API_V(\d+)$")
 
 
@@ -83,31 +83,42 @@ class PluginStatus(enum.StrEnum):
 
 @dataclass(frozen=True)
 class ModelReference:
-    """A lazy pointer from an architecture name to the plugin class serving it."""
+    """A lazy pointer from an architecture name to the plugin class serving it (imported by
+    :func:`mmproc.model_hooks.load_model_hooks`)."""
 
     architecture: str
     target: str  # "package.module:ClassName"
     plugin: str
 
-    def load_class(self) -> type:
-        """Import the model class; import errors name the plugin, the target and the cause."""
+
+@dataclass(frozen=True)
+class DemoModel:
+    """A tiny model folder a plugin can write, for ``mmproc demo`` and ``mmproc bench``.
+
+    ``target`` is ``"package.module:function"``; the function takes a folder path, writes the
+    model folder there (a ``config.json`` naming the architecture, the model's real special tokens
+    and preprocessor settings, no weights) and returns its path.
+    """
+
+    name: str
+    target: str
+    plugin: str
+    description: str = ""
+
+    def write(self, folder: str | os.PathLike[str]) -> Path:
+        """Write the demo model into ``folder``; errors name the plugin and the demo model."""
         module_name, _, attr_path = self.target.partition(":")
         try:
-            obj: Any = importlib.import_module(module_name)
+            writer: Any = importlib.import_module(module_name)
             for part in attr_path.split("."):
-                obj = getattr(obj, part)
+                writer = getattr(writer, part)
+            return Path(writer(Path(folder)))
         except Exception as exc:
-            raise PluginSpecError(
-                f"plugin {self.plugin!r}: cannot import model class {self.target!r} "
-                f"for {self.architecture}: {type(exc).__name__}: {exc}",
+            raise PluginError(
+                f"plugin {self.plugin!r}: writing demo model {self.name!r} with {self.target!r} "
+                f"failed: {type(exc).__name__}: {exc}",
                 plugin=self.plugin,
             ) from exc
-        if not isinstance(obj, type):
-            raise PluginSpecError(
-                f"plugin {self.plugin!r}: {self.target!r} is a {type(obj).__name__}, not a class",
-                plugin=self.plugin,
-            )
-        return obj
 
 
 @dataclass
@@ -119,6 +130,7 @@ class PluginInfo:
     version: str | None
     status: PluginStatus
     architectures: list[str] = field(default_factory=list)
+    demo_models: list[str] = field(default_factory=list)
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
@@ -130,6 +142,7 @@ class PluginInfo:
             "version": self.version,
             "status": str(self.status),
             "architectures": list(self.architectures),
+            "demo_models": list(self.demo_models),
             "conflicts": [dict(c) for c in self.conflicts],
             "error": self.error,
         }
@@ -145,6 +158,7 @@ class ModelRegistrar:
     def __init__(self, plugin: str) -> None:
         self.plugin = plugin
         self._staged: dict[str, str] = {}
+        self._demos: dict[str, DemoModel] = {}
 
     def register(self, architectures: str | Sequence[str], target: str) -> None:
         """Serve ``architectures`` (one name or a list) with the class at ``target``.
@@ -153,12 +167,7 @@ class ModelRegistrar:
         the same architecture to the same target again is a no-op.
         """
         names = [architectures] if isinstance(architectures, str) else list(architectures)
-        if not isinstance(target, str) or not _TARGET_PATTERN.match(target):
-            raise PluginSpecError(
-                f"plugin {self.plugin!r}: model target {target!r} must look like "
-                "'package.module:ClassName'",
-                plugin=self.plugin,
-            )
+        self._check_target(target, "model target", "package.module:ClassName")
         for name in names:
             if not isinstance(name, str) or not name:
                 raise PluginSpecError(
@@ -175,10 +184,42 @@ class ModelRegistrar:
                 )
             self._staged[name] = target
 
+    def register_demo(self, name: str, target: str, *, description: str = "") -> None:
+        """Offer a demo model: ``target`` (``"package.module:function"``) writes its folder.
+
+        ``name`` is what users type after ``demo:`` (``mmproc demo --model demo:NAME``): lower
+        case letters, digits, ``.``, ``_`` and ``-``. The function is imported only when the demo
+        model is written.
+        """
+        if not isinstance(name, str) or not _DEMO_NAME_PATTERN.match(name):
+            raise PluginSpecError(
+                f"plugin {self.plugin!r}: demo model name {name!r} must be lower case letters, "
+                "digits, '.', '_' or '-'",
+                plugin=self.plugin,
+            )
+        self._check_target(target, "demo model target", "package.module:function")
+        if name in self._demos and self._demos[name].target != target:
+            raise PluginSpecError(
+                f"plugin {self.plugin!r} registers demo model {name!r} twice", plugin=self.plugin
+            )
+        self._demos[name] = DemoModel(name, target, self.plugin, str(description))
+
+    def _check_target(self, target: object, what: str, shape: str) -> None:
+        if not isinstance(target, str) or not _TARGET_PATTERN.match(target):
+            raise PluginSpecError(
+                f"plugin {self.plugin!r}: {what} {target!r} must look like {shape!r}",
+                plugin=self.plugin,
+            )
+
     @property
     def staged(self) -> dict[str, str]:
         """Architecture -> target, as registered so far."""
         return dict(self._staged)
+
+    @property
+    def demos(self) -> dict[str, DemoModel]:
+        """Demo model name -> demo model, as registered so far."""
+        return dict(self._demos)
 
 
 @dataclass
@@ -293,6 +334,7 @@ class Registry:
         self._discovered = False
         self._plugins: dict[str, PluginInfo] = {}
         self._claims: dict[str, list[ModelReference]] = {}
+        self._demos: dict[str, list[DemoModel]] = {}
         # Architectures a plugin registered before it failed: named in lookup errors.
         self._failed_claims: dict[str, list[str]] = {}
 
@@ -305,7 +347,9 @@ class Registry:
             return self._strict
         return _env_flag(self._environ, "MMPROC_STRICT_PLUGINS")
 
-    def add_plugin(self, plugin: Any, *, name: str, api_version: int = 1) -> PluginInfo:
+    def add_plugin(
+        self, plugin: Any, *, name: str, api_version: int = PLUGIN_API_VERSION
+    ) -> PluginInfo:
         """Register an in-process plugin object (a module or an object with hook implementations).
 
         For tests and embedding: the plugin goes through the same checks as an installed one.
@@ -378,10 +422,15 @@ class Registry:
             return
         info = self._record(source, PluginStatus.LOADED, None)
         info.architectures = sorted(registrar.staged)
+        info.demo_models = sorted(registrar.demos)
         for arch, target in registrar.staged.items():
             claims = self._claims.setdefault(arch, [])
             if not any(ref.plugin == source.name for ref in claims):
                 claims.append(ModelReference(arch, target, source.name))
+        for name, demo in registrar.demos.items():
+            offers = self._demos.setdefault(name, [])
+            if not any(d.plugin == source.name for d in offers):
+                offers.append(demo)
 
     # --- queries -----------------------------------------------------------------------------
 
@@ -411,6 +460,32 @@ class Registry:
         self.discover()
         with self._lock:
             return {arch: [r.plugin for r in refs] for arch, refs in sorted(self._claims.items())}
+
+    def demo_models(self) -> list[DemoModel]:
+        """Every demo model the loaded plugins offer, by name."""
+        self.discover()
+        with self._lock:
+            return [demo for name in sorted(self._demos) for demo in self._demos[name]]
+
+    def demo_model(self, name: str) -> DemoModel:
+        """The demo model called ``name``; a clear error lists the ones there are."""
+        self.discover()
+        with self._lock:
+            offers = list(self._demos.get(name, []))
+            available = sorted(self._demos)
+        if len(offers) == 1:
+            return offers[0]
+        if offers:
+            raise PluginConflictError(f"demo:{name}", [d.plugin for d in offers])
+        if not available:
+            raise PluginError(
+                f"no demo model {name!r}: no installed plugin offers demo models "
+                "(`mmproc plugins` lists the installed plugins)"
+            )
+        raise ConfigurationError(
+            f"no demo model {name!r}; the installed plugins offer: "
+            + ", ".join(f"demo:{n}" for n in available)
+        )
 
     def _preferences(self, prefer: Mapping[str, str] | None = None) -> dict[str, str]:
         prefs = parse_preferences(self._environ.get("MMPROC_PREFER", ""))
@@ -482,77 +557,6 @@ class Registry:
         assert first_error is not None
         raise first_error
 
-    def load_model(
-        self, architecture: str | ModelReference, *, prefer: Mapping[str, str] | None = None
-    ) -> ModelHooks:
-        """Import the model class for ``architecture`` and build its checked hook relay."""
-        from mmproc.model_hooks import ModelHooks
-
-        ref = (
-            architecture
-            if isinstance(architecture, ModelReference)
-            else self.resolve(architecture, prefer=prefer)
-        )
-        model_class = ref.load_class()
-        manager = build_model_manager(model_class, plugin=ref.plugin)
-        return ModelHooks(manager, ref, model_class)
-
-
-def build_model_manager(model_class: type, *, plugin: str) -> pluggy.PluginManager:
-    """A hook relay for one model: the core defaults (trylast), then the model object.
-
-    The model class is checked against the hook specifications first: a method named like a
-    hook but not marked ``@mmproc.hookimpl``, a marked method whose name is not a hook, or an
-    argument the hook does not provide is an error naming plugin, class and hook.
-    """
-    from mmproc.defaults import DefaultModel
-
-    where = f"plugin {plugin!r}, class {model_class.__module__}.{model_class.__qualname__}"
-    marker_attr = f"{PROJECT_NAME}_impl"
-    for hook_name in MODEL_HOOK_NAMES:
-        attr = getattr(model_class, hook_name, None)
-        if callable(attr) and not hasattr(attr, marker_attr):
-            raise PluginSpecError(
-                f"{where}: method {hook_name!r} is not marked @mmproc.hookimpl, so it would never "
-                "be called",
-                plugin=plugin,
-            )
-    manager = pluggy.PluginManager(PROJECT_NAME)
-    manager.add_hookspecs(ModelSpec)
-    manager.register(DefaultModel(), name="mmproc.defaults")
-    try:
-        instance = model_class()
-    except Exception as exc:
-        raise PluginSpecError(
-            f"{where}: constructing the model object failed: {type(exc).__name__}: {exc}",
-            plugin=plugin,
-        ) from exc
-    try:
-        manager.register(instance, name=f"{plugin}:{model_class.__qualname__}")
-    except pluggy.PluginValidationError as exc:
-        raise PluginSpecError(f"{where}: {exc}", plugin=plugin) from exc
-    unknown = _unknown_hooks(manager)
-    if unknown:
-        hints = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, MODEL_HOOK_NAMES, n=1)
-            hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
-        raise PluginSpecError(
-            f"{where}: {', '.join(hints)} {'is not a hook' if len(hints) == 1 else 'are not hooks'}"
-            f"; the model hooks are: {', '.join(MODEL_HOOK_NAMES)}",
-            plugin=plugin,
-        )
-    return manager
-
-
-def _unknown_hooks(manager: pluggy.PluginManager) -> list[str]:
-    names: list[str] = []
-    for name in dir(manager.hook):
-        caller = getattr(manager.hook, name)
-        if isinstance(caller, pluggy.HookCaller) and not caller.has_spec():
-            names.append(name)
-    return sorted(names)
-
 
 _default_registry: Registry | None = None
 _default_lock = threading.Lock()
@@ -564,14 +568,4 @@ def get_registry() -> Registry:
     with _default_lock:
         if _default_registry is None:
             _default_registry = Registry()
-        return _default_registry
-
-
-def reset_registry(plugins: Iterable[tuple[str, Any]] = ()) -> Registry:
-    """Replace the process-wide registry (tests, or after installing a plugin at run time)."""
-    global _default_registry
-    with _default_lock:
-        _default_registry = Registry()
-        for name, plugin in plugins:
-            _default_registry.add_plugin(plugin, name=name)
         return _default_registry

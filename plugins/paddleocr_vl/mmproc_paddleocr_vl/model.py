@@ -53,7 +53,7 @@ class PaddleOCRVLModel:
             from transformers.models.paddleocr_vl.image_processing_paddleocr_vl import (
                 PaddleOCRVLImageProcessor as ImageProcessor,
             )
-        extra = dict(ctx.option("hf_processor_kwargs") or {})
+        extra = dict(ctx.processor_options.hf_processor_kwargs)
         try:
             return PaddleOCRVLProcessor(
                 image_processor=ImageProcessor.from_pretrained(

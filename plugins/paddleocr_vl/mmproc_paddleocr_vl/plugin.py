@@ -5,7 +5,13 @@ from mmproc import hookimpl
 
 @hookimpl
 def mmproc_register_models(registry):  # type: ignore[no-untyped-def]
-    """Serve PaddleOCR-VL with :class:`mmproc_paddleocr_vl.model.PaddleOCRVLModel`."""
+    """Serve PaddleOCR-VL with :class:`mmproc_paddleocr_vl.model.PaddleOCRVLModel`, and offer
+    its demo model."""
     registry.register(
         "PaddleOCRVLForConditionalGeneration", "mmproc_paddleocr_vl.model:PaddleOCRVLModel"
+    )
+    registry.register_demo(
+        "paddleocr-vl",
+        "mmproc_paddleocr_vl.demo:write_paddleocr_vl_demo",
+        description="tiny PaddleOCR-VL folder: real special tokens, preprocessor settings",
     )

@@ -26,8 +26,8 @@ import torch
 from mmproc.errors import ConfigurationError, MmprocError
 from mmproc.executor import PreprocessingPath, preprocessing_path, resolve_worker_count
 from mmproc.fields import BatchedField, FlatField
-from mmproc.testing import write_paddleocr_vl_folder
 from mmproc.testing.conformance import assert_matches_hf
+from mmproc_paddleocr_vl.demo import write_paddleocr_vl_folder
 from PIL import Image
 from transformers import AutoProcessor, AutoTokenizer
 from transformers.models.paddleocr_vl.image_processing_paddleocr_vl import (

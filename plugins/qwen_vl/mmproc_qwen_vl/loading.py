@@ -51,7 +51,7 @@ def load_qwen_processor(ctx: ModelContext) -> Any:
         from transformers.models.qwen2_vl.processing_qwen2_vl import (
             Qwen2VLProcessor as ProcessorClass,
         )
-    extra = dict(ctx.option("hf_processor_kwargs") or {})
+    extra = dict(ctx.processor_options.hf_processor_kwargs)
     try:
         image_processor = ImageProcessor.from_pretrained(
             str(folder), local_files_only=True, **extra

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 from mmproc import hookimpl
-from mmproc.context import ModelContext
+from mmproc.context import ModelContext, ProcessingMode
 from mmproc.fields import BatchedField, FieldSpec, FlatField
-from mmproc.fused_norm import ChannelLayout, NormSpec, raw_pixel_kwargs
+from mmproc.fused_norm import ChannelLayout, NormSpec
 from mmproc.prompt_update import PromptReplacement, PromptUpdate
 
 from mmproc_qwen_vl.image_fast_path import (
@@ -76,22 +76,23 @@ class QwenVLModel:
     @hookimpl
     def process_mm_data(
         self,
-        ctx: ModelContext,
-        prompt: str,
+        mode: ProcessingMode,
         mm_items: Mapping[str, Sequence[Any]],
         processor: Any,
-        hf_kwargs: Mapping[str, Any],
     ) -> Mapping[str, Any] | None:
-        """The uint8 fast paths for images (PIL backend, torchvision on the CPU); None lets the HF
-        processor run."""
+        """The uint8 fast paths for images alone, media only, raw pixels and no caller kwargs
+        (PIL backend; torchvision on the CPU); None lets the HF processor run."""
         images = mm_items.get("image", ())
         if not (
-            images and set(mm_items) == {"image"} and prompt == IMAGE_PLACEHOLDER * len(images)
+            mode.media_only
+            and mode.raw_pixels
+            and not mode.user_kwargs
+            and images
+            and set(mm_items) == {"image"}
         ):
             return None
         image_processor = processor.image_processor
-        kwargs = dict(hf_kwargs)
-        if kwargs == raw_pixel_kwargs() and _is_pil_backend(image_processor):
+        if _is_pil_backend(image_processor):
             try:
                 settings = patch_settings_from_processor(image_processor)
             except ValueError:
@@ -101,13 +102,7 @@ class QwenVLModel:
                 "pixel_values": torch.from_numpy(pixels),
                 "image_grid_thw": torch.from_numpy(grids).to(torch.long),
             }
-        # The core adds the device the torchvision backend runs on (fast_processor_kwargs).
-        device = kwargs.pop("device", None)
-        if (
-            kwargs == raw_pixel_kwargs()
-            and _is_cpu(device)
-            and is_torchvision_backend(image_processor)
-        ):
+        if mode.device_type == "cpu" and is_torchvision_backend(image_processor):
             try:
                 torch_settings = torch_patch_settings(image_processor)
             except ValueError:
@@ -182,16 +177,6 @@ def _grid_expansion(
         return [token_id] * (int(torch.as_tensor(outputs[index][grid_key]).prod()) // merge)
 
     return expand
-
-
-def _is_cpu(device: Any) -> bool:
-    """Whether ``device`` (a name or ``torch.device``) names the CPU; ``None`` does not."""
-    if not isinstance(device, str | torch.device):
-        return False
-    try:
-        return torch.device(device).type == "cpu"
-    except RuntimeError:
-        return False
 
 
 def _same_normalisation(a: Any, b: Any) -> bool:

@@ -29,9 +29,9 @@ import torch
 from mmproc.errors import ConfigurationError, MmprocError
 from mmproc.executor import PreprocessingPath, preprocessing_path, resolve_worker_count
 from mmproc.fields import BatchedField, FlatField
-from mmproc.testing import write_qwen2_vl_folder
 from mmproc.testing.conformance import assert_matches_hf
 from mmproc_qwen_vl import model as qwen_model
+from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 from mmproc_qwen_vl.image_fast_path import ImageSizeError
 from mmproc_qwen_vl.model import num_image_tokens
 from PIL import Image

@@ -16,7 +16,7 @@ import pytest
 import torch
 from mmproc.errors import MmprocError
 from mmproc.fused_norm import ChannelLayout, FusedInputNorm, NormSpec
-from mmproc.testing import write_qwen2_vl_folder
+from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 from mmproc_qwen_vl.image_fast_path import (
     MAX_ASPECT_RATIO,
     QWEN2_VL_PATCH_SETTINGS,

@@ -9,7 +9,7 @@ import mmproc
 import numpy as np
 import pytest
 import torch
-from mmproc.testing import write_qwen2_vl_folder
+from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 from PIL import Image
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"

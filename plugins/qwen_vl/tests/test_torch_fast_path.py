@@ -10,6 +10,7 @@ uint8 already; ours must equal them (and ``image_grid_thw``) bit for bit.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,11 @@ import mmproc
 import numpy as np
 import pytest
 import torch
+from mmproc.context import ProcessingMode
 from mmproc.fields import BatchedField, FlatField
-from mmproc.testing import write_qwen2_vl_folder
 from mmproc.testing.conformance import assert_matches_hf
 from mmproc_qwen_vl import model as qwen_model
+from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 from mmproc_qwen_vl.image_fast_path import ImageSizeError
 from mmproc_qwen_vl.model import IMAGE_PLACEHOLDER, QwenVLModel
 from mmproc_qwen_vl.torch_fast_path import (
@@ -268,20 +270,24 @@ def test_mmproc_takes_the_path(processor, reference, monkeypatch: pytest.MonkeyP
     assert_matches_hf(out, full, fields=fields, placeholder_token_ids=pads, normalised=True)
 
 
-def test_not_taken_where_it_does_not_apply(folder: Path, reference) -> None:
+def test_taken_only_when_the_mode_asks_for_raw_media_alone_on_the_cpu(
+    folder: Path, reference
+) -> None:
     model = QwenVLModel()
     hf = reference
     images = [noise(33, 44, seed=50)]
-    cpu = {"device": "cpu", **RAW}
-    assert model.process_mm_data(None, IMAGE, {"image": images}, hf, cpu) is not None
-    assert model.process_mm_data(None, IMAGE, {"image": images}, hf, {**RAW}) is None
-    for device in ("cuda", "cuda:0", None, torch.device("cuda")):
-        kwargs = {"device": device, **RAW}
-        assert model.process_mm_data(None, IMAGE, {"image": images}, hf, kwargs) is None
-    assert model.process_mm_data(None, IMAGE, {"image": images}, hf, {"device": "cpu"}) is None
-    extra = {**cpu, "max_pixels": 10_000}
-    assert model.process_mm_data(None, IMAGE, {"image": images}, hf, extra) is None
-    assert model.process_mm_data(None, f"x{IMAGE}", {"image": images}, hf, cpu) is None
+    mm = {"image": images}
+    raw = ProcessingMode(media_only=True, raw_pixels=True, device="cpu")
+    assert model.process_mm_data(raw, mm, hf) is not None
+    for device in ("cuda", "cuda:0", torch.device("cuda")):
+        assert model.process_mm_data(replace(raw, device=device), mm, hf) is None
+    assert model.process_mm_data(replace(raw, raw_pixels=False), mm, hf) is None
+    assert model.process_mm_data(replace(raw, media_only=False), mm, hf) is None
+    # Caller kwargs the native path would not honour: transformers runs.
+    caller = replace(raw, user_kwargs={"max_pixels": 10_000})
+    assert model.process_mm_data(caller, mm, hf) is None
+    video = {**mm, "video": [np.zeros((2, 28, 28, 3), np.uint8)]}
+    assert model.process_mm_data(raw, video, hf) is None
     with mmproc.get_processor(folder, backend="torchvision", device_normalize=False) as proc:
         original = qwen_model.patchify_uint8_torch
         try:

@@ -1,0 +1,98 @@
+"""``get_processor``: find the plugin serving a model, check the options, build its Processor."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mmproc.context import ModelContext, read_model_config
+from mmproc.errors import ProcessorLoadError
+from mmproc.hashing import DEFAULT_HASH_ALGORITHM
+from mmproc.model_hooks import load_model_hooks
+from mmproc.options import ProcessorOptions, WarmUp, check_plugin_options
+from mmproc.processor import Processor
+
+if TYPE_CHECKING:
+    from mmproc.registry import Registry
+
+__all__ = ["get_processor"]
+
+
+def get_processor(
+    name_or_folder: str | os.PathLike[str],
+    *,
+    workers: int | None = None,
+    io_workers: int | None = None,
+    device: Any = "cpu",
+    device_normalize: bool | None = None,
+    cache_bytes: int | None = None,
+    hf_prompt_expansion: bool = False,
+    warm_up: WarmUp = "background",
+    hf_processor_kwargs: Mapping[str, Any] | None = None,
+    hash_algorithm: str = DEFAULT_HASH_ALGORITHM,
+    prefer: Mapping[str, str] | None = None,
+    model_path: str | os.PathLike[str] | None = None,
+    registry: Registry | None = None,
+    **plugin_options: Any,
+) -> Processor:
+    """The :class:`~mmproc.processor.Processor` for a local model folder or an architecture name.
+
+    ``name_or_folder`` is a folder holding ``config.json`` (looked up by its ``architectures``)
+    or an architecture name (then pass ``model_path=`` for models that load files). The core's
+    options are documented on :class:`mmproc.options.ProcessorOptions`; besides them:
+
+    ``prefer``
+        ``{architecture: plugin}`` when several plugins claim the architecture.
+    ``model_path``
+        the model folder, when ``name_or_folder`` is an architecture name.
+    ``registry``
+        the :class:`mmproc.registry.Registry` to look the model up in (default: the process's).
+    ``**plugin_options``
+        options of the model's plugin (e.g. ``backend="pil"`` for the Qwen2-VL plugin), which it
+        names in its ``extra_options`` hook. Any other keyword is a
+        :class:`~mmproc.errors.ConfigurationError` naming it, with a "did you mean".
+    """
+    from mmproc.registry import get_registry
+
+    options = ProcessorOptions(
+        workers=workers,
+        io_workers=io_workers,
+        device=device,
+        device_normalize=device_normalize,
+        cache_bytes=cache_bytes,
+        hf_prompt_expansion=hf_prompt_expansion,
+        warm_up=warm_up,
+        hf_processor_kwargs=hf_processor_kwargs or {},
+        hash_algorithm=hash_algorithm,
+    )
+    registry = registry or get_registry()
+    target = os.fspath(name_or_folder)
+    if os.path.isdir(target):
+        folder: Path | None = Path(target)
+        assert folder is not None
+        reference = registry.resolve_folder(folder, prefer=prefer)
+        config = read_model_config(folder)
+    else:
+        if os.sep in target or target.startswith((".", "~")):
+            # Architecture names never hold a path separator: this was meant as a folder.
+            raise ProcessorLoadError(f"model folder {target} does not exist")
+        folder = Path(model_path) if model_path is not None else None
+        reference = registry.resolve(target, prefer=prefer)
+        config = read_model_config(folder) if folder is not None else {}
+    model = load_model_hooks(reference)
+    ctx = ModelContext(
+        architecture=reference.architecture,
+        model_path=folder,
+        config=config,
+        plugin=reference.plugin,
+        processor_options=options,
+    )
+    check_plugin_options(
+        plugin_options,
+        model.extra_options(ctx),
+        model=f"{reference.architecture} (plugin {reference.plugin!r})",
+    )
+    return Processor(model, dataclasses.replace(ctx, options=plugin_options))

@@ -1,0 +1,144 @@
+"""The processor options: the core's, typed and checked, and a plugin's own, checked by name.
+
+:func:`mmproc.get_processor` takes the core's options as keyword arguments (collected here in a
+:class:`ProcessorOptions`) and passes any other keyword through as a plugin option, once the
+model's ``extra_options`` hook names it: an option nobody reads is refused, with a "did you
+mean", rather than silently doing nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Literal
+
+from mmproc.errors import ConfigurationError
+from mmproc.hashing import DEFAULT_HASH_ALGORITHM, check_hash_algorithm
+
+__all__ = [
+    "CORE_OPTION_NAMES",
+    "LOOKUP_OPTION_NAMES",
+    "ProcessorOptions",
+    "check_plugin_options",
+]
+
+WarmUp = Literal["background"] | bool
+
+
+def _count_or_none(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigurationError(f"{name} must be an integer >= 1 or None, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ProcessorOptions:
+    """The core's processor options (the keyword arguments of :func:`mmproc.get_processor`).
+
+    ``workers``
+        preprocessing threads (default: 2 on the CPU path, 1 on the device path; env
+        ``MMPROC_WORKERS``).
+    ``io_workers``
+        media-loading threads (default 4; env ``MMPROC_IO_WORKERS``).
+    ``device``
+        where a torchvision ("fast") image processor runs (default ``"cpu"``).
+    ``device_normalize``
+        ship raw uint8 pixels for the engine to normalise: ``None`` (default) when the plugin
+        supports it, ``True`` insists, ``False`` normalises on the CPU.
+    ``cache_bytes``
+        processor-output cache size (default 4 GiB or env ``MMPROC_CACHE_BYTES``; 0 disables).
+    ``hf_prompt_expansion``
+        let the HF processor expand the placeholders of a text prompt when no item is cached.
+    ``warm_up``
+        when to make the workers' processor clones: ``"background"`` (default: right away,
+        without blocking), ``True`` (before returning), ``False`` (on each worker's first task).
+    ``hf_processor_kwargs``
+        extra keyword arguments for the HF processor's ``from_pretrained``.
+    ``hash_algorithm``
+        ``"blake3"`` (default, cryptographic) or ``"xxh3"`` (faster; trusted clients only), for
+        item hashes and cache keys (see :mod:`mmproc.hashing`).
+    """
+
+    workers: int | None = None
+    io_workers: int | None = None
+    device: Any = "cpu"
+    device_normalize: bool | None = None
+    cache_bytes: int | None = None
+    hf_prompt_expansion: bool = False
+    warm_up: WarmUp = "background"
+    hf_processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    hash_algorithm: str = DEFAULT_HASH_ALGORITHM
+
+    def __post_init__(self) -> None:
+        _count_or_none("workers", self.workers)
+        _count_or_none("io_workers", self.io_workers)
+        if self.device_normalize not in (None, True, False):
+            raise ConfigurationError(
+                f"device_normalize must be True, False or None, got {self.device_normalize!r}"
+            )
+        if self.cache_bytes is not None and (
+            isinstance(self.cache_bytes, bool)
+            or not isinstance(self.cache_bytes, int)
+            or self.cache_bytes < 0
+        ):
+            raise ConfigurationError(
+                f"cache_bytes must be an integer >= 0 or None, got {self.cache_bytes!r}"
+            )
+        if not isinstance(self.hf_prompt_expansion, bool):
+            raise ConfigurationError(
+                f"hf_prompt_expansion must be True or False, got {self.hf_prompt_expansion!r}"
+            )
+        if self.warm_up not in (True, False, "background"):
+            raise ConfigurationError(
+                f"warm_up must be True, False or 'background', got {self.warm_up!r}"
+            )
+        kwargs = self.hf_processor_kwargs if self.hf_processor_kwargs is not None else {}
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise ConfigurationError(
+                f"hf_processor_kwargs must be a mapping of argument names, got {kwargs!r}"
+            )
+        object.__setattr__(self, "hf_processor_kwargs", MappingProxyType(dict(kwargs)))
+        try:
+            check_hash_algorithm(self.hash_algorithm)
+        except ValueError as exc:
+            raise ConfigurationError(f"hash_algorithm: {exc}") from None
+
+    def output_affecting(self) -> dict[str, Any]:
+        """The options that can change what the processor outputs for an item (cache key part).
+
+        The others decide how many threads, when clones are made, how big the cache is, which
+        path expands the prompt (both give identical results), or are keyed on their own
+        (raw pixels; the hash algorithm decides the function every key is made with).
+        """
+        return {"device": str(self.device), "hf_processor_kwargs": dict(self.hf_processor_kwargs)}
+
+
+CORE_OPTION_NAMES: frozenset[str] = frozenset(f.name for f in fields(ProcessorOptions))
+"""The names of the core's options."""
+
+LOOKUP_OPTION_NAMES: frozenset[str] = frozenset({"prefer", "model_path", "registry"})
+"""Keywords of :func:`mmproc.get_processor` that pick the model rather than configure it."""
+
+
+def check_plugin_options(
+    given: Collection[str], plugin_options: Collection[str], *, model: str
+) -> None:
+    """Refuse option names neither the core nor the plugin reads, with a "did you mean".
+
+    ``given`` are the keyword arguments that were not core options; ``plugin_options`` the names
+    the model's ``extra_options`` hook gave; ``model`` names the model and plugin in the message.
+    """
+    unknown = sorted(set(given) - set(plugin_options))
+    if not unknown:
+        return
+    vocabulary = sorted(CORE_OPTION_NAMES | LOOKUP_OPTION_NAMES | set(plugin_options))
+    described = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, vocabulary, n=1)
+        described.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    raise ConfigurationError(
+        f"unknown processor option{'s' if len(unknown) > 1 else ''} "
+        f"{', '.join(described)} for {model}; known options: {', '.join(vocabulary)}"
+    )
+
