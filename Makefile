@@ -23,6 +23,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check core plugins tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -24,6 +24,7 @@ def test_bench_reports_every_worker_count_as_json(capsys: pytest.CaptureFixture[
         assert 0 < row["latency_p50_ms"] <= row["latency_p95_ms"]
         assert row["throughput_rps"] > 0
     assert report["cache"]["cache_hit_p50_ms"] > 0
+    assert report["cache"]["cache_id_hit_p50_ms"] > 0
     assert report["cache"]["cache_miss_p50_ms"] > 0
     wire = report["wire"]
     assert wire["wire_frames"] >= 1 and wire["wire_bytes"] > 0
@@ -36,7 +37,7 @@ def test_bench_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "image items of 64x48, float32" in out
     assert "workers    p50 ms    p95 ms     req/s  vs first  path" in out
     assert "1.00x  cpu" in out
-    assert "cache: hit" in out and "wire: " in out
+    assert "hit" in out and "by caller id" in out and "wire: " in out
 
 
 def test_bench_measures_video(capsys: pytest.CaptureFixture[str]) -> None:

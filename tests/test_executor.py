@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib.util
 import logging
-import sys
 import threading
 import types
 import weakref
-from pathlib import Path
 
+import _qwen_processor as qwen
 import pytest
 from mmproc.errors import ConfigurationError
 from mmproc.executor import (
@@ -28,17 +26,7 @@ from mmproc.executor import (
 TIMEOUT = 30  # seconds a barrier or event may wait before the test is declared hung
 
 
-def _load_helper(name: str = "_qwen_processor"):
-    # pytest runs with --import-mode=importlib: tests/ is not on sys.path, so load it by path.
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
-
-qwen = _load_helper()
 
 
 @pytest.fixture(scope="module")

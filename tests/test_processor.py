@@ -33,7 +33,6 @@ from mmproc.fields import BatchedField, FlatField
 from mmproc.fused_norm import ChannelLayout, FusedInputNorm, NormSpec
 from mmproc.prompt_update import PlaceholderRange, PromptReplacement
 from mmproc.registry import Registry
-from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 from PIL import Image
 
 ARCH = "TinyQwenForTest"
@@ -167,13 +166,6 @@ def model_of(proc: Any) -> Any:
     return next(m for m in reversed(BUILT) if type(m) is cls)
 
 
-class _Registrar:
-    @hookimpl
-    def mmproc_register_models(self, registry):
-        for arch, cls in MODELS.items():
-            registry.register(arch, f"{__name__}:{cls.__name__}")
-
-
 MODELS.update(
     {
         ARCH: TinyQwen,
@@ -189,19 +181,13 @@ MODELS.update(
 
 
 @pytest.fixture(scope="module")
-def registry() -> Registry:
-    registry = Registry(entry_points=False)
-    registry.add_plugin(_Registrar(), name="tiny")
-    return registry
+def registry(serving) -> Registry:
+    return serving(MODELS)
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = write_qwen2_vl_folder(tmp_path_factory.mktemp("tiny") / "qwen")
-    config = json.loads((path / "config.json").read_text())
-    config["architectures"] = [ARCH]
-    (path / "config.json").write_text(json.dumps(config))
-    return path
+def folder(folder_for) -> Path:
+    return folder_for(ARCH)
 
 
 @pytest.fixture(scope="module")
@@ -481,19 +467,6 @@ def test_warm_up_makes_the_clones_before_the_first_request(folder, registry) -> 
         get_processor(folder, registry=registry, warm_up="later")
 
 
-def copy_folder(folder: Path, architecture: str) -> Path:
-    """A copy of the tiny folder whose config.json names ``architecture``."""
-    import shutil
-
-    target = folder.parent / architecture
-    if not target.exists():
-        shutil.copytree(folder, target)
-        config = json.loads((target / "config.json").read_text())
-        config["architectures"] = [architecture]
-        (target / "config.json").write_text(json.dumps(config))
-    return target
-
-
 def png(seed: int) -> bytes:
     import io
 
@@ -516,8 +489,10 @@ def test_many_async_requests_with_encoded_images_never_deadlock(folder, registry
     assert [len(r.features) for r in results] == [2] * 6
 
 
-def test_a_request_setting_normalise_itself_takes_the_float_path_alone(folder, registry) -> None:
-    with get_processor(copy_folder(folder, "NormTinyQwen"), registry=registry) as proc:
+def test_a_request_setting_normalise_itself_takes_the_float_path_alone(
+    folder_for, registry
+) -> None:
+    with get_processor(folder_for("NormTinyQwen"), registry=registry) as proc:
         out = proc.process(IMAGE, {"image": [image(80)]}, hf_kwargs={"do_normalize": True})
         assert out.features[0].norm is None
         assert out.features[0].data["pixel_values"].dtype == torch.float32
@@ -564,10 +539,10 @@ def test_hf_kwargs_that_differ_only_deep_inside_hash_differently(processor) -> N
     assert a.features[0].hash != b.features[0].hash
 
 
-def test_an_incomplete_field_spec_names_the_plugin(folder, registry) -> None:
+def test_an_incomplete_field_spec_names_the_plugin(folder_for, registry) -> None:
     from mmproc.errors import FieldSpecError
 
-    with get_processor(copy_folder(folder, "IncompleteFieldsTinyQwen"), registry=registry) as proc:
+    with get_processor(folder_for("IncompleteFieldsTinyQwen"), registry=registry) as proc:
         with pytest.raises(
             FieldSpecError, match=r"IncompleteFieldsTinyQwen \(plugin 'tiny'\).*image_grid_thw"
         ):
@@ -601,18 +576,18 @@ def test_a_misspelled_option_is_an_error_naming_it(folder, registry) -> None:
         get_processor(folder, registry=registry, backend="pil")  # this model has one backend
 
 
-def test_a_plugin_names_its_own_options(folder, registry) -> None:
+def test_a_plugin_names_its_own_options(folder_for, registry) -> None:
     with get_processor(
-        copy_folder(folder, "OptionTinyQwen"), registry=registry, crop_margin=4, workers=1
+        folder_for("OptionTinyQwen"), registry=registry, crop_margin=4, workers=1
     ) as proc:
         assert proc.ctx.option("crop_margin") == 4
     with pytest.raises(ConfigurationError, match="'crop_marginn' \\(did you mean 'crop_margin'"):
-        get_processor(copy_folder(folder, "OptionTinyQwen"), registry=registry, crop_marginn=4)
+        get_processor(folder_for("OptionTinyQwen"), registry=registry, crop_marginn=4)
 
 
-def test_extra_options_must_be_names(folder, registry) -> None:
+def test_extra_options_must_be_names(folder_for, registry) -> None:
     with pytest.raises(PluginSpecError, match="hook 'extra_options': must return an iterable"):
-        get_processor(copy_folder(folder, "BadOptionsTinyQwen"), registry=registry)
+        get_processor(folder_for("BadOptionsTinyQwen"), registry=registry)
 
 
 def test_hash_algorithm_option(folder, registry, processor) -> None:
@@ -639,10 +614,10 @@ def _wait_until(condition, timeout: float = 30.0) -> None:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_concurrent_misses_of_one_item_compute_it_once(folder, registry, workers) -> None:
+def test_concurrent_misses_of_one_item_compute_it_once(folder_for, registry, workers) -> None:
     picture = image(95)
     with get_processor(
-        copy_folder(folder, "GatedTinyQwen"), registry=registry, workers=workers, warm_up=True
+        folder_for("GatedTinyQwen"), registry=registry, workers=workers, warm_up=True
     ) as proc:
         model = model_of(proc)
         with ThreadPoolExecutor(2) as callers:
@@ -665,10 +640,10 @@ def test_concurrent_misses_of_one_item_compute_it_once(folder, registry, workers
     assert (len(proc._in_flight), proc._in_flight.waiting) == (0, 0)
 
 
-def test_async_waiters_do_not_hold_up_other_requests(folder, registry) -> None:
+def test_async_waiters_do_not_hold_up_other_requests(folder_for, registry) -> None:
     picture = image(98)
     with get_processor(
-        copy_folder(folder, "GatedTinyQwen"),
+        folder_for("GatedTinyQwen"),
         registry=registry,
         workers=2,
         io_workers=1,  # one prepare thread: a waiter holding it would stall everything
@@ -696,10 +671,10 @@ def test_async_waiters_do_not_hold_up_other_requests(folder, registry) -> None:
     assert model.calls == [1]
 
 
-def test_a_waiter_computes_the_item_itself_when_the_owner_fails(folder, registry) -> None:
+def test_a_waiter_computes_the_item_itself_when_the_owner_fails(folder_for, registry) -> None:
     picture = image(96)
     with get_processor(
-        copy_folder(folder, "GatedTinyQwen"), registry=registry, workers=2, warm_up=True
+        folder_for("GatedTinyQwen"), registry=registry, workers=2, warm_up=True
     ) as proc:
         model = model_of(proc)
         model.failing = True
@@ -719,10 +694,10 @@ def test_a_waiter_computes_the_item_itself_when_the_owner_fails(folder, registry
         assert proc.process(IMAGE, {"image": [picture]}).features  # nothing left claimed
 
 
-def test_an_uncacheable_result_is_computed_again_by_the_waiter(folder, registry) -> None:
+def test_an_uncacheable_result_is_computed_again_by_the_waiter(folder_for, registry) -> None:
     picture = image(97)
     with get_processor(
-        copy_folder(folder, "GatedTinyQwen"),
+        folder_for("GatedTinyQwen"),
         registry=registry,
         workers=2,
         warm_up=True,
@@ -742,11 +717,11 @@ def test_an_uncacheable_result_is_computed_again_by_the_waiter(folder, registry)
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_request_made_from_inside_a_worker_does_not_wait_for_its_own_claim(
-    folder, registry, workers
+    folder_for, registry, workers
 ) -> None:
     picture = image(99)
     with get_processor(
-        copy_folder(folder, "NestedTinyQwen"), registry=registry, workers=workers, warm_up=True
+        folder_for("NestedTinyQwen"), registry=registry, workers=workers, warm_up=True
     ) as proc:
         NestedTinyQwen.processor, NestedTinyQwen.inner = proc, None
         with ThreadPoolExecutor(1) as caller:
@@ -759,11 +734,11 @@ def test_a_request_made_from_inside_a_worker_does_not_wait_for_its_own_claim(
 # --- cache hits without a worker ----------------------------------------------------------------
 
 
-def test_a_request_whose_items_all_hit_is_answered_without_a_worker(folder, registry) -> None:
+def test_a_request_whose_items_all_hit_is_answered_without_a_worker(folder_for, registry) -> None:
     pictures = [image(120), image(121, (40, 130))]
     prompt = f"two {IMAGE} pictures {IMAGE}"
     with get_processor(
-        copy_folder(folder, "GatedTinyQwen"), registry=registry, workers=1, warm_up=True
+        folder_for("GatedTinyQwen"), registry=registry, workers=1, warm_up=True
     ) as proc:
         model = model_of(proc)
         model.gate.set()
@@ -794,10 +769,10 @@ def test_a_request_whose_items_all_hit_is_answered_without_a_worker(folder, regi
     assert lengths == [f.placeholder.length for f in first.features][::-1]
 
 
-def test_an_async_request_whose_items_all_hit_needs_no_worker_either(folder, registry) -> None:
+def test_an_async_request_whose_items_all_hit_needs_no_worker_either(folder_for, registry) -> None:
     picture = image(123)
     with get_processor(
-        copy_folder(folder, "GatedTinyQwen"), registry=registry, workers=1, warm_up=True
+        folder_for("GatedTinyQwen"), registry=registry, workers=1, warm_up=True
     ) as proc:
         model = model_of(proc)
         model.gate.set()

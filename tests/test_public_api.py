@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
 from pathlib import Path
 
@@ -33,8 +34,19 @@ def test_every_hook_is_documented_with_its_signature(hook: str) -> None:
     assert "Called" in doc, f"{hook}'s docstring must say when and on which thread it is called"
 
 
-@pytest.mark.parametrize("hook", MODEL_HOOK_NAMES)
-def test_every_model_hook_is_exercised_by_some_test(hook: str) -> None:
-    sources = [p.read_text() for p in (ROOT / "tests").glob("test_*.py")]
-    sources += [p.read_text() for p in (ROOT / "plugins").glob("*/tests/test_*.py")]
-    assert any(hook in text for text in sources if "def test_" in text), hook
+def _test_function_names() -> set[str]:
+    paths = [*(ROOT / "tests").glob("test_*.py"), *(ROOT / "plugins").glob("*/tests/test_*.py")]
+    return {
+        node.name
+        for path in paths
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    }
+
+
+@pytest.mark.parametrize("hook", [*MODEL_HOOK_NAMES, "mmproc_register_models"])
+def test_every_hook_has_a_test_of_its_own(hook: str) -> None:
+    # A test *named* for the hook (tests/test_hooks.py), not just its name somewhere in a file.
+    assert any(name.startswith(f"test_hook_{hook}_") for name in _test_function_names()), (
+        f"no test_hook_{hook}_... test: add one to tests/test_hooks.py"
+    )

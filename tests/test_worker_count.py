@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 import types
-from pathlib import Path
 
+import _qwen_processor as qwen
 import pytest
 from mmproc.errors import ConfigurationError
 from mmproc.executor import (
@@ -22,18 +20,6 @@ from mmproc.executor import (
     resolve_worker_count,
 )
 
-
-def _load_helper(name: str = "_qwen_processor"):
-    # pytest runs with --import-mode=importlib: tests/ is not on sys.path, so load it by path.
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-qwen = _load_helper()
 make_image_processor = qwen.make_image_processor
 make_qwen2_vl_processor = qwen.make_qwen2_vl_processor
 

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from mmproc.errors import MmprocError
 
@@ -57,7 +58,7 @@ def _cmd_which(args: argparse.Namespace) -> int:
     else:
         ref = registry.resolve(target)
     info = next(i for i in registry.plugins() if i.name == ref.plugin)
-    record = {
+    record: dict[str, Any] = {
         "architecture": ref.architecture,
         "plugin": ref.plugin,
         "distribution": info.distribution,

@@ -176,11 +176,14 @@ class _IntraOpThreads:
         with self._lock:
             if not self._claims:
                 self._original = torch.get_num_threads()
-            if threads == "auto":
-                # Lower only: a process that already runs fewer threads chose that.
-                threads = min(intra_op_threads_for(workers), self._original or 1)
+            # "auto" lowers only: a process that already runs fewer threads chose that.
+            count = (
+                min(intra_op_threads_for(workers), self._original or 1)
+                if threads == "auto"
+                else threads
+            )
             token = next(self._tokens)
-            self._claims[token] = threads
+            self._claims[token] = count
             self._apply(torch)
             return token
 

@@ -349,13 +349,14 @@ class Processor:
             placeholders = find_resolved_ranges(prompt_ids, resolved, tokenizer)
         else:
             if isinstance(request.prompt, str):
-                ids = list(tokenizer(request.prompt)["input_ids"])
+                ids: list[int] = list(tokenizer(request.prompt)["input_ids"])
             else:
                 ids = request.prompt
             check_unused_placeholders(ids, self._placeholder_ids, request.mm_counts)
             check_placeholder_count(ids, resolved, tokenizer)
             new_prompt, placeholders = apply_resolved_updates(ids, resolved, tokenizer)
-            prompt_ids = list(new_prompt)
+            assert not isinstance(new_prompt, str)  # token ids in, token ids out
+            prompt_ids = new_prompt
         features = []
         for modality, ranges in placeholders.items():
             for index, placeholder in enumerate(ranges):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mmproc.errors import PromptUpdateError
 
@@ -108,9 +109,9 @@ class _Codec:
 # --- resolving ------------------------------------------------------------------------------------
 
 
-def _checked_count(modality: str, count: object) -> int:
+def _checked_count(modality: str, count: Any) -> int:
     try:
-        n = operator.index(count)  # type: ignore[call-overload]
+        n = operator.index(count)
     except TypeError:
         n = -1
     if n < 0 or isinstance(count, bool):

@@ -50,7 +50,7 @@ def _normalize_seq(seq: object, what: str) -> tuple[int, ...] | str:
         raise TypeError(f"{what} must be token ids or text, not {type(seq).__name__}")
     try:
         # operator.index runs in C, rejects floats and turns numpy integers into plain ints.
-        ids = tuple(map(operator.index, seq))
+        ids = tuple(map(operator.index, seq))  # type: ignore[call-overload]
     except TypeError as exc:
         raise TypeError(f"{what} must hold integer token ids: {exc}") from None
     if ids and min(ids) < 0:

@@ -96,7 +96,7 @@ def assert_matches_hf(
     for key in item_keys:
         assert key in fields, f"{where}HF output {key!r} has no field spec"
     for feature in out.features:
-        expected = {k for k in item_keys if fields[k].modality == feature.modality}  # type: ignore[attr-defined]
+        expected = {k for k in item_keys if fields[k].modality == feature.modality}
         assert set(feature.data) == expected, (
             f"{where}{feature.modality} item {feature.item_index} has outputs "
             f"{sorted(feature.data)}, HF has {sorted(expected)}"
@@ -104,7 +104,7 @@ def assert_matches_hf(
     for key in item_keys:
         want = hf_outputs[key]
         spec = fields[key]
-        modality = spec.modality  # type: ignore[attr-defined]
+        modality = spec.modality
         features = [f for f in out.features if f.modality == modality]
         assert all(key in f.data for f in features), f"{where}{key!r} missing from a feature"
         values = [torch.as_tensor(f.data[key]) for f in features]
@@ -118,10 +118,11 @@ def assert_matches_hf(
             assert torch.equal(got, want), f"{where}{key!r} differs"
             continue
         assert all(v.dtype == torch.uint8 for v in values), f"{where}{key!r} is not uint8"
+        specs = [n for n in norms if n is not None]
         got = torch.as_tensor(
             spec.join(
                 key,
-                [FusedInputNorm(n, dtype=torch.float32)(v) for n, v in zip(norms, values)],
+                [FusedInputNorm(n, dtype=torch.float32)(v) for n, v in zip(specs, values)],
             )
         )
         assert got.shape == want.shape, f"{where}{key!r} shape {tuple(got.shape)}"
@@ -129,6 +130,6 @@ def assert_matches_hf(
         assert error <= atol, f"{where}{key!r} differs by {error:.3g} after FusedInputNorm"
         if check_bf16:
             got16 = torch.as_tensor(
-                spec.join(key, [FusedInputNorm(n)(v) for n, v in zip(norms, values)])
+                spec.join(key, [FusedInputNorm(n)(v) for n, v in zip(specs, values)])
             )
             assert_bf16_close(got16, want)
