@@ -19,6 +19,8 @@ from mmproc.errors import (
     ConfigurationError,
     FieldSpecError,
     MediaItemError,
+    PluginLoadError,
+    PluginSpecError,
     ProcessorLoadError,
     UnknownArchitectureError,
 )
@@ -177,6 +179,12 @@ class CountsItems(Tiny):
         return Tiny.get_prompt_updates(self, processor, item_outputs)
 
 
+class ForgetsToReturn(Tiny):
+    @hookimpl
+    def get_prompt_updates(self, processor, item_outputs):
+        Tiny.get_prompt_updates(self, processor, item_outputs)  # the `return` left out
+
+
 def test_hook_get_prompt_updates_sees_only_the_items_being_computed(build) -> None:
     processor = build(CountsItems)
     cached, new = image(6), image(7, (40, 120))
@@ -185,6 +193,8 @@ def test_hook_get_prompt_updates_sees_only_the_items_being_computed(build) -> No
     processor.process(IMAGE + IMAGE, {"image": [new, cached]})  # both cached: not called
     assert CountsItems.seen == [(1, 1), (1, 1)]
     assert both.features[0].placeholder.length == first.features[0].placeholder.length
+    with pytest.raises(PluginSpecError, match="hook 'get_prompt_updates' returned nothing"):
+        build(ForgetsToReturn).process(IMAGE, {"image": [cached]})
 
 
 # --- get_dummy_text -----------------------------------------------------------------------------
@@ -325,7 +335,7 @@ def test_hook_mmproc_register_models_registers_architectures_and_demo_models(
     assert (demo.plugin, demo.description) == ("demoing", "tiny")
     folder = demo.write(tmp_path / "demo")
     assert registry.resolve_folder(folder).target == f"{__name__}:Tiny"
-    bad = registry.add_plugin(RegistersABadDemoName(), name="bad")
-    assert bad.status is PluginStatus.FAILED and "demo model name 'Tiny Demo!'" in bad.error
+    with pytest.raises(PluginLoadError, match="demo model name 'Tiny Demo!'"):
+        registry.add_plugin(RegistersABadDemoName(), name="bad")
     with pytest.raises(UnknownArchitectureError, match="no plugin serves architecture 'OtherArch'"):
         registry.resolve("OtherArch")  # rolled back with the rest of its registrations

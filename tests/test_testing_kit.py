@@ -165,3 +165,84 @@ def test_import_mmproc_does_not_import_the_kit_or_transformers() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- build_tokenizer: a BOS like Llama's ----------------------------------------------------
+
+
+def test_a_bos_adding_tokenizer_starts_every_call_with_bos_and_keeps_it_saved(
+    tmp_path: Path,
+) -> None:
+    tokenizer = build_tokenizer(
+        ["<s>", "</s>", "<image>"],
+        named_tokens={"bos_token": "<s>", "eos_token": "</s>"},
+        add_bos_token=True,
+    )
+    bos = tokenizer.convert_tokens_to_ids("<s>")
+    assert tokenizer("hello <image>").input_ids[0] == bos
+    assert bos not in tokenizer("hello <image>", add_special_tokens=False).input_ids
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert loaded("hello <image>").input_ids == tokenizer("hello <image>").input_ids
+    with pytest.raises(ValueError, match="needs a bos_token"):
+        build_tokenizer([], add_bos_token=True)
+
+
+# --- probes ---------------------------------------------------------------------------------
+
+
+class _Part:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        return "ran"
+
+
+class _Processor:
+    def __init__(self) -> None:
+        self.image_processor = _Part()
+        self.tokenizer = _Part()
+
+
+def test_links_to_original_finds_closures_and_foreign_bound_methods() -> None:
+    import copy
+    import types
+
+    from mmproc.testing.probes import links_to_original
+
+    original = _Processor()
+    part = original.image_processor
+    original.image_processor.filtered = lambda: part()  # a closure over the original part
+    original.bound = types.MethodType(lambda self: self, original)  # rebinds on deepcopy
+    clone = copy.deepcopy(original)
+    clone.stray = original.tokenizer.__call__  # bound to the original after the copy
+    findings = links_to_original(original, clone)
+    assert len(findings) == 2, findings
+    assert any("processor.image_processor.filtered" in f and "closure" in f for f in findings)
+    assert any("processor.stray" in f and "bound to the original" in f for f in findings)
+    assert links_to_original(_Processor(), copy.deepcopy(_Processor())) == []
+
+
+def test_poisoned_parts_raise_when_used_and_come_back_afterwards() -> None:
+    from mmproc.testing.probes import poisoned
+
+    class Model:
+        def __init__(self) -> None:
+            self.stored = _Processor()
+
+    model, processor = Model(), _Processor()
+    with poisoned(processor, model, what="the original"):
+        with pytest.raises(AssertionError, match=r"the original\.tokenizer was used"):
+            processor.tokenizer()
+        with pytest.raises(AssertionError, match=r"the original\.stored\.image_processor"):
+            model.stored.image_processor()
+    assert processor.tokenizer() == "ran" and model.stored.image_processor() == "ran"
+
+
+def test_heavy_imports_lists_what_an_import_pulls_in() -> None:
+    from mmproc.testing.probes import heavy_imports
+
+    assert heavy_imports("mmproc_qwen_vl.plugin") == []
+    assert "torch" in heavy_imports("mmproc_qwen_vl.model")

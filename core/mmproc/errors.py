@@ -96,11 +96,22 @@ class UnknownArchitectureError(PluginError, LookupError):
         self,
         architecture: str,
         registered: Sequence[str],
-        unavailable: Sequence[str] = (),
+        claimed_by_failed: Sequence[str] = (),
+        not_loaded: Sequence[str] = (),
     ) -> None:
         lines = [f"no plugin serves architecture {architecture!r}."]
-        if unavailable:
-            lines.append("Claimed by plugins that are not loaded: " + "; ".join(unavailable) + ".")
+        if claimed_by_failed:
+            lines.append(
+                "It was claimed by plugins that then failed to load: "
+                + "; ".join(claimed_by_failed)
+                + "."
+            )
+        elif not_loaded:
+            lines.append(
+                "Plugins that are not loaded, so what they serve is unknown: "
+                + "; ".join(not_loaded)
+                + "."
+            )
         lines.append(
             "Registered: " + (", ".join(sorted(registered)) if registered else "(none)") + "."
         )
@@ -108,7 +119,8 @@ class UnknownArchitectureError(PluginError, LookupError):
         super().__init__(" ".join(lines))
         self.architecture = architecture
         self.registered = tuple(sorted(registered))
-        self.unavailable = tuple(unavailable)
+        self.claimed_by_failed = tuple(claimed_by_failed)
+        self.not_loaded = tuple(not_loaded)
 
     def __str__(self) -> str:  # LookupError would repr() the message otherwise
         return str(self.args[0])

@@ -55,6 +55,7 @@ __all__ = [
     "MODEL_HOOK_NAMES",
     "PLUGIN_API_V2",
     "PLUGIN_API_VERSION",
+    "REQUIRED_MODEL_HOOKS",
     "SUPPORTED_PLUGIN_API_VERSIONS",
     "DiscoverySpec",
     "ModelSpec",
@@ -227,3 +228,6 @@ class ModelSpec:
 MODEL_HOOK_NAMES: tuple[str, ...] = tuple(
     name for name in vars(ModelSpec) if not name.startswith("_")
 )
+
+#: The model hooks with no default: every model class implements them.
+REQUIRED_MODEL_HOOKS: tuple[str, ...] = ("get_mm_fields", "get_prompt_updates", "get_dummy_text")

@@ -9,7 +9,6 @@ error naming the plugin, the hook and the model.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -17,8 +16,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pluggy
 
 from mmproc.context import ModelContext, ProcessingMode
+from mmproc.defaults import DefaultModel
 from mmproc.errors import MmprocError, PluginSpecError, ProcessingError, ProcessorLoadError
-from mmproc.hookspecs import MODEL_HOOK_NAMES, PROJECT_NAME, ModelSpec
+from mmproc.hook_checks import did_you_mean, explain_validation_error, unmarked_hooks
+from mmproc.hookspecs import MODEL_HOOK_NAMES, PROJECT_NAME, REQUIRED_MODEL_HOOKS, ModelSpec
 
 if TYPE_CHECKING:
     from mmproc.executor import PreprocessingPath
@@ -56,21 +57,17 @@ def build_model_manager(model_class: type, *, plugin: str) -> pluggy.PluginManag
     """A hook relay for one model: the core defaults (trylast), then the model object.
 
     The model class is checked against the hook specifications first: a method named like a
-    hook but not marked ``@mmproc.hookimpl``, a marked method whose name is not a hook, or an
-    argument the hook does not provide is an error naming plugin, class and hook.
+    hook but not marked ``@mmproc.hookimpl``, a required hook (one the core has no default for)
+    left out, a marked method whose name is not a hook, or an argument the hook does not provide
+    is an error naming plugin, class and hook.
     """
-    from mmproc.defaults import DefaultModel
-
     where = f"plugin {plugin!r}, class {model_class.__module__}.{model_class.__qualname__}"
-    marker_attr = f"{PROJECT_NAME}_impl"
-    for hook_name in MODEL_HOOK_NAMES:
-        attr = getattr(model_class, hook_name, None)
-        if callable(attr) and not hasattr(attr, marker_attr):
-            raise PluginSpecError(
-                f"{where}: method {hook_name!r} is not marked @mmproc.hookimpl, so it would never "
-                "be called",
-                plugin=plugin,
-            )
+    for hook_name in unmarked_hooks(model_class, MODEL_HOOK_NAMES):
+        raise PluginSpecError(
+            f"{where}: method {hook_name!r} is not marked @mmproc.hookimpl, so it would never "
+            "be called",
+            plugin=plugin,
+        )
     manager = pluggy.PluginManager(PROJECT_NAME)
     manager.add_hookspecs(ModelSpec)
     manager.register(DefaultModel(), name="mmproc.defaults")
@@ -84,16 +81,24 @@ def build_model_manager(model_class: type, *, plugin: str) -> pluggy.PluginManag
     try:
         manager.register(instance, name=f"{plugin}:{model_class.__qualname__}")
     except pluggy.PluginValidationError as exc:
-        raise PluginSpecError(f"{where}: {exc}", plugin=plugin) from exc
+        explained = explain_validation_error(exc, ModelSpec, MODEL_HOOK_NAMES)
+        raise PluginSpecError(f"{where}: {explained}", plugin=plugin) from exc
     unknown = _unknown_hooks(manager)
     if unknown:
-        hints = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, MODEL_HOOK_NAMES, n=1)
-            hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+        hints = [did_you_mean(name, MODEL_HOOK_NAMES) for name in unknown]
         raise PluginSpecError(
             f"{where}: {', '.join(hints)} {'is not a hook' if len(hints) == 1 else 'are not hooks'}"
             f"; the model hooks are: {', '.join(MODEL_HOOK_NAMES)}",
+            plugin=plugin,
+        )
+    missing = [
+        name for name in REQUIRED_MODEL_HOOKS if not callable(getattr(model_class, name, None))
+    ]
+    if missing:
+        raise PluginSpecError(
+            f"{where}: does not implement the required hook{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(repr, missing))} (the core has no default for "
+            f"{'them' if len(missing) > 1 else 'it'}; see docs/plugins.md)",
             plugin=plugin,
         )
     return manager
@@ -127,6 +132,11 @@ class ModelHooks:
     def __init__(self, manager: pluggy.PluginManager, reference: ModelReference) -> None:
         self._hook = manager.hook
         self.reference = reference
+        #: The model object whose methods implement the hooks (the conformance suite's probes
+        #: look at what it holds).
+        self.model_object = next(
+            p for p in manager.get_plugins() if not isinstance(p, DefaultModel)
+        )
 
     @property
     def plugin(self) -> str:

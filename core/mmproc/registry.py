@@ -45,6 +45,7 @@ from mmproc.errors import (
     PluginSpecError,
     UnknownArchitectureError,
 )
+from mmproc.hook_checks import explain_validation_error, unmarked_hooks
 from mmproc.hookspecs import (
     PLUGIN_API_VERSION,
     PROJECT_NAME,
@@ -311,6 +312,36 @@ def _parse_api_target(target: str | None) -> tuple[int | None, str | None]:
     return version, None
 
 
+_DISCOVERY_HOOKS: tuple[str, ...] = ("mmproc_register_models",)
+
+
+def _register_discovery_hook(name: str, plugin: Any, registrar: ModelRegistrar) -> None:
+    """Check a plugin's discovery hook against its spec and run it into ``registrar``."""
+    if isinstance(plugin, type):
+        plugin = plugin()  # a class whose methods are the hooks
+    for unmarked in unmarked_hooks(plugin, _DISCOVERY_HOOKS):
+        raise PluginSpecError(
+            f"plugin {name!r}: {unmarked!r} is not marked @mmproc.hookimpl, so it would never "
+            "be called and the plugin would serve nothing",
+            plugin=name,
+        )
+    manager = pluggy.PluginManager(PROJECT_NAME)
+    manager.add_hookspecs(DiscoverySpec)
+    try:
+        manager.register(plugin, name=name)
+        manager.check_pending()
+    except pluggy.PluginValidationError as exc:
+        explained = explain_validation_error(exc, DiscoverySpec, _DISCOVERY_HOOKS)
+        raise PluginSpecError(f"plugin {name!r}: {explained}", plugin=name) from exc
+    if not manager.hook.mmproc_register_models.get_hookimpls():
+        raise PluginSpecError(
+            f"plugin {name!r} implements no mmproc_register_models hook, so it serves nothing "
+            "(its entry point must name a module or object with that @mmproc.hookimpl function)",
+            plugin=name,
+        )
+    manager.hook.mmproc_register_models(registry=registrar)
+
+
 class Registry:
     """Discovers plugins and maps architecture names to model classes.
 
@@ -350,9 +381,12 @@ class Registry:
     def add_plugin(
         self, plugin: Any, *, name: str, api_version: int = PLUGIN_API_VERSION
     ) -> PluginInfo:
-        """Register an in-process plugin object (a module or an object with hook implementations).
+        """Register an in-process plugin: a module, an object or a class (made with no arguments)
+        whose methods or functions implement the discovery hook.
 
-        For tests and embedding: the plugin goes through the same checks as an installed one.
+        For tests and embedding: the plugin goes through the same checks as an installed one, and
+        a plugin that fails them raises (:class:`~mmproc.errors.PluginLoadError` or
+        :class:`~mmproc.errors.IncompatiblePluginError`) besides being recorded as such.
         """
         source = _PluginSource(
             name=name, distribution=None, version=None, load=lambda: plugin, api_version=api_version
@@ -361,7 +395,9 @@ class Registry:
             source.api_error = f"targets plugin API {api_version}; this mmproc does not provide it"
         self.discover()
         with self._lock:
-            self._load_source(source)
+            failure = self._load_source(source, strict=True)
+            if failure is not None:
+                raise failure
             return self._plugins[name]
 
     def discover(self) -> None:
@@ -379,7 +415,9 @@ class Registry:
                 elif source.name in block:
                     self._record(source, PluginStatus.DISABLED, "listed in MMPROC_DISABLE_PLUGINS")
                 else:
-                    self._load_source(source)
+                    failure = self._load_source(source)
+                    if failure is not None:
+                        raise failure
             self._discovered = True
 
     def _record(self, source: _PluginSource, status: PluginStatus, error: str | None) -> PluginInfo:
@@ -387,39 +425,35 @@ class Registry:
         self._plugins[source.name] = info
         return info
 
-    def _load_source(self, source: _PluginSource) -> None:
+    def _load_source(self, source: _PluginSource, *, strict: bool = False) -> Exception | None:
+        """Load one plugin and record it; the error to raise when it failed and ``strict`` (or
+        strict mode) asks for errors, else None."""
         if source.api_error is not None:
             self._record(source, PluginStatus.INCOMPATIBLE, source.api_error)
-            if self.strict:
-                raise IncompatiblePluginError(
+            if strict or self.strict:
+                return IncompatiblePluginError(
                     f"plugin {source.name!r} ({source.distribution}): {source.api_error}",
                     plugin=source.name,
                 )
-            return
+            return None
         registrar = ModelRegistrar(source.name)
         try:
-            plugin_obj = source.load()
-            manager = pluggy.PluginManager(PROJECT_NAME)
-            manager.add_hookspecs(DiscoverySpec)
-            try:
-                manager.register(plugin_obj, name=source.name)
-                manager.check_pending()
-            except pluggy.PluginValidationError as exc:
-                raise PluginSpecError(f"plugin {source.name!r}: {exc}", plugin=source.name) from exc
-            manager.hook.mmproc_register_models(registry=registrar)
+            _register_discovery_hook(source.name, source.load(), registrar)
         except Exception as exc:
             info = self._record(source, PluginStatus.FAILED, f"{type(exc).__name__}: {exc}")
             info.architectures = sorted(registrar.staged)
             for arch in registrar.staged:
                 self._failed_claims.setdefault(arch, []).append(source.name)
-            if self.strict:
-                raise PluginLoadError(
+            if strict or self.strict:
+                error = PluginLoadError(
                     source.name,
                     distribution=source.distribution,
                     version=source.version,
                     cause=exc,
-                ) from exc
-            return
+                )
+                error.__cause__ = exc
+                return error
+            return None
         info = self._record(source, PluginStatus.LOADED, None)
         info.architectures = sorted(registrar.staged)
         info.demo_models = sorted(registrar.demos)
@@ -431,6 +465,7 @@ class Registry:
             offers = self._demos.setdefault(name, [])
             if not any(d.plugin == source.name for d in offers):
                 offers.append(demo)
+        return None
 
     # --- queries -----------------------------------------------------------------------------
 
@@ -505,9 +540,7 @@ class Registry:
         with self._lock:
             claims = list(self._claims.get(architecture, []))
             if not claims:
-                raise UnknownArchitectureError(
-                    architecture, list(self._claims), self._unavailable_for(architecture)
-                )
+                raise self._unknown_architecture(architecture)
             if len(claims) == 1:
                 return claims[0]
             preferred = self._preferences(prefer).get(architecture)
@@ -521,19 +554,19 @@ class Registry:
                 )
             raise PluginConflictError(architecture, [ref.plugin for ref in claims])
 
-    def _unavailable_for(self, architecture: str) -> list[str]:
-        """Describe plugins that are not loaded and did or may claim ``architecture``."""
-        described: list[str] = []
-        for name in self._failed_claims.get(architecture, []):
-            info = self._plugins[name]
-            described.append(f"{name} (failed: {info.error})")
-        if described:
-            return described
-        # Disabled, incompatible and import-failed plugins never told us what they serve.
-        for info in sorted(self._plugins.values(), key=lambda i: i.name):
-            if info.status is not PluginStatus.LOADED:
-                described.append(f"{info.name} ({info.status}: {info.error})")
-        return described
+    def _unknown_architecture(self, architecture: str) -> UnknownArchitectureError:
+        """The lookup error, naming the failed plugins that claimed it, or else (when none did)
+        the plugins that never said what they serve (disabled, incompatible, failed early)."""
+        claimed = [
+            f"{name} ({self._plugins[name].error})"
+            for name in self._failed_claims.get(architecture, [])
+        ]
+        silent = [
+            f"{info.name} ({info.status}: {info.error})"
+            for info in sorted(self._plugins.values(), key=lambda i: i.name)
+            if info.status is not PluginStatus.LOADED and not info.architectures
+        ]
+        return UnknownArchitectureError(architecture, list(self._claims), claimed, silent)
 
     def resolve_folder(
         self, folder: str | os.PathLike[str], *, prefer: Mapping[str, str] | None = None

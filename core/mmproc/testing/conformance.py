@@ -17,7 +17,13 @@ from mmproc.fields import FieldSpec
 from mmproc.fused_norm import FusedInputNorm
 from mmproc.processor import ProcessedInputs
 
-__all__ = ["TEXT_OUTPUT_KEYS", "assert_bf16_close", "assert_matches_hf", "token_runs"]
+__all__ = [
+    "TEXT_OUTPUT_KEYS",
+    "assert_bf16_close",
+    "assert_matches_hf",
+    "describe_prompt_difference",
+    "token_runs",
+]
 
 #: Outputs that belong to the prompt, not to a media item.
 TEXT_OUTPUT_KEYS = frozenset({"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids"})
@@ -36,6 +42,33 @@ def token_runs(ids: Sequence[int], token_id: int) -> list[tuple[int, int]]:
         runs.append((i, j - i))
         i = j
     return runs
+
+
+def describe_prompt_difference(
+    got: Sequence[int], want: Sequence[int], placeholder_token_ids: Mapping[str, int]
+) -> str:
+    """Say how mmproc's prompt ids differ from the HF processor's, and which hook to look at."""
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    parts = [
+        f"prompt ids differ from the HF processor's at position {first} "
+        f"(mmproc {got[first] if first < len(got) else 'ends'}, "
+        f"HF {want[first] if first < len(want) else 'ends'}); "
+        f"lengths: mmproc {len(got)}, HF {len(want)}"
+    ]
+    for modality, token_id in placeholder_token_ids.items():
+        mine, theirs = list(got).count(token_id), list(want).count(token_id)
+        if mine != theirs:
+            parts.append(
+                f"{modality} placeholder tokens ({token_id}): mmproc {mine}, HF {theirs}: fix "
+                f"the get_prompt_updates hook (each {modality} item must expand to as many "
+                "tokens as the HF processor gives it)"
+            )
+    if len(parts) == 1:
+        parts.append(
+            "placeholder counts agree: check get_prompt_updates' targets and contents, and "
+            "get_dummy_text"
+        )
+    return "; ".join(parts)
 
 
 def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -76,7 +109,10 @@ def assert_matches_hf(
     """
     where = f"{context}: " if context else ""
     ids = torch.as_tensor(hf_outputs["input_ids"])[0].tolist()
-    assert out.prompt_token_ids == ids, f"{where}prompt ids differ"
+    if out.prompt_token_ids != ids:
+        raise AssertionError(
+            where + describe_prompt_difference(out.prompt_token_ids, ids, placeholder_token_ids)
+        )
     offsets = [f.placeholder.offset for f in out.features]
     assert offsets == sorted(offsets), f"{where}features are not in prompt order"
     for modality, token_id in placeholder_token_ids.items():
@@ -85,7 +121,10 @@ def assert_matches_hf(
             f"{where}{modality} item indices"
         )
         ranges = [(f.placeholder.offset, f.placeholder.length) for f in features]
-        assert ranges == token_runs(ids, token_id), f"{where}{modality} placeholder ranges"
+        assert ranges == token_runs(ids, token_id), (
+            f"{where}{modality} placeholder ranges {ranges} are not the runs of token "
+            f"{token_id} in the prompt, {token_runs(ids, token_id)}: check get_prompt_updates"
+        )
     if normalised is not None:
         for feature in out.features:
             assert (feature.norm is not None) is normalised, (
@@ -94,7 +133,9 @@ def assert_matches_hf(
             )
     item_keys = [k for k in hf_outputs if k not in text_keys]
     for key in item_keys:
-        assert key in fields, f"{where}HF output {key!r} has no field spec"
+        assert key in fields, (
+            f"{where}HF output {key!r} has no field spec: add it to the get_mm_fields hook"
+        )
     for feature in out.features:
         expected = {k for k in item_keys if fields[k].modality == feature.modality}
         assert set(feature.data) == expected, (

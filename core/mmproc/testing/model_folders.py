@@ -19,7 +19,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 from tokenizers.trainers import BpeTrainer
 from transformers import PreTrainedTokenizerFast
 
@@ -78,6 +87,7 @@ def build_tokenizer(
     added_tokens: Sequence[str] = (),
     model_max_length: int = 32768,
     pretokenize_regex: str = BYTE_LEVEL_SPLIT_REGEX,
+    add_bos_token: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Build a small real byte-level BPE tokenizer holding ``special_tokens``, each a single id.
 
@@ -100,6 +110,10 @@ def build_tokenizer(
         added_tokens: Tokens added after the special ones as whole, non-special tokens.
         model_max_length: Saved as the tokenizer's maximum length.
         pretokenize_regex: How text is split before the byte-level step.
+        add_bos_token: Start every encoding made with ``add_special_tokens=True`` (the default of
+            a tokenizer call, and what HF processors use) with the ``bos_token`` of
+            ``named_tokens``, as Llama-style tokenizers do. The folder keeps it: the tokenizer
+            loads as transformers' generic ``TokenizersBackend`` with this post-processor.
 
     Returns:
         A transformers fast tokenizer (``PreTrainedTokenizerFast``).
@@ -127,11 +141,20 @@ def build_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
+    if add_bos_token and "bos_token" not in named:
+        raise ValueError("add_bos_token needs a bos_token in named_tokens")
     backend.train_from_iterator(_training_corpus(words), trainer=trainer)
     # normalized=False: a special token must match its exact text, before NFC touches it.
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     if added_tokens:
         backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
+    if add_bos_token:
+        bos = named["bos_token"]
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A",
+            pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, backend.token_to_id(bos))],
+        )
 
     extra = [t for t in specials if t not in named.values()]
     # transformers treats any `<name>_token` keyword as a named (model-specific) special token,
@@ -164,6 +187,11 @@ def write_model_folder(
     tokenizer_config: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a model folder in the hub's layout and return its path (created if missing).
+
+    ``config.json`` must be a config transformers can load when the plugin relies on its Auto
+    classes (the default ``load_hf_processor``): ``model_type`` one transformers knows, whose
+    processor reads the files written here. A model transformers does not know (remote code) gets
+    the model type its hub folder has, and its plugin reads the folder's JSON files itself.
 
     Files: ``config.json`` (``architectures``, ``model_type`` and ``extra_config``, which is where
     token ids such as ``image_token_id`` go), ``preprocessor_config.json``, ``tokenizer.json`` and

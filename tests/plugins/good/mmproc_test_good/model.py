@@ -9,6 +9,14 @@ class GoodModel:
         return "<img>" * mm_counts.get("image", 0)
 
     @hookimpl
+    def get_mm_fields(self, ctx, outputs):
+        return {}
+
+    @hookimpl
+    def get_prompt_updates(self, ctx, mm_items, item_outputs):
+        return []
+
+    @hookimpl
     def worker_count_hint(self, ctx, path):
         return 3
 

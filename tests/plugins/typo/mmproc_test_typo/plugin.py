@@ -8,3 +8,4 @@ def mmproc_register_models(registry):
     registry.register("MisspelledHookModel", "mmproc_test_typo.model:MisspelledHook")
     registry.register("WrongArgumentModel", "mmproc_test_typo.model:WrongArgument")
     registry.register("UnmarkedHookModel", "mmproc_test_typo.model:UnmarkedHook")
+    registry.register("MissingHookModel", "mmproc_test_typo.model:MissingHook")
