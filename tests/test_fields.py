@@ -253,7 +253,7 @@ def test_real_qwen2_vl_outputs_split_like_single_item_calls() -> None:
     video_processor = transformers.Qwen2VLVideoProcessor(cap_pixels_per_frame=False)
     outputs = {
         **image_processor(images=parsed["image"], return_tensors="pt"),
-        **video_processor(videos=parsed["video"], return_tensors="pt"),
+        **video_processor(videos=[v.frames for v in parsed["video"]], return_tensors="pt"),
     }
     items = split_outputs(outputs, FIELDS, {"image": 2, "video": 1})
     for image, item in zip(parsed["image"], items["image"], strict=True):

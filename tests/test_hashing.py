@@ -14,7 +14,7 @@ import torch
 import xxhash
 from mmproc import hashing
 from mmproc.hashing import HASH_ALGORITHMS, hash_context, hash_item, item_key
-from mmproc.inputs import AudioItem
+from mmproc.inputs import AudioItem, VideoItem, VideoMetadata
 from PIL import Image
 
 
@@ -120,6 +120,53 @@ def test_array_framing_is_as_documented(algorithm: str) -> None:
         + field(video.tobytes())
     )
     assert hash_item("video", video, algorithm) == _reference(algorithm, stream)
+
+
+def _metadata(timestamps: tuple[float, ...] = (0.0, 0.5)) -> VideoMetadata:
+    return VideoMetadata(
+        fps=30.0,
+        duration_s=1.0,
+        total_frames=30,
+        frame_indices=(0, 15),
+        timestamps_s=timestamps,
+        width=4,
+        height=3,
+    )
+
+
+@algorithms
+def test_video_item_framing_is_as_documented(algorithm: str) -> None:
+    def field(data: bytes) -> bytes:
+        return struct.pack("<Q", len(data)) + data
+
+    frames = np.arange(2 * 3 * 4 * 3, dtype=np.uint8).reshape(2, 3, 4, 3)
+    stream = (
+        field(b"mmproc-item/1")
+        + field(b"video")
+        + field(b"video-metadata")
+        + struct.pack("<ddQ", 30.0, 1.0, 30)  # source fps, duration, frame count
+        + field(struct.pack("<2q", 0, 15))  # sampled frame indices
+        + field(struct.pack("<2d", 0.0, 0.5))  # and their timestamps
+        + field(b"ndarray")
+        + field(b"|u1")
+        + struct.pack("<5Q", 4, 2, 3, 4, 3)
+        + field(frames.tobytes())
+    )
+    item = VideoItem(frames, _metadata())
+    assert hash_item("video", item, algorithm) == _reference(algorithm, stream)
+
+
+def test_frames_without_metadata_hash_like_the_bare_array() -> None:
+    frames = np.random.default_rng(5).integers(0, 256, (2, 3, 4, 3), dtype=np.uint8)
+    assert hash_item("video", VideoItem(frames)) == hash_item("video", frames)
+    assert hash_item("video", VideoItem(frames, _metadata())) != hash_item("video", frames)
+
+
+def test_sampled_times_are_part_of_a_video_items_hash() -> None:
+    frames = np.random.default_rng(5).integers(0, 256, (2, 3, 4, 3), dtype=np.uint8)
+    same = hash_item("video", VideoItem(frames.copy(), _metadata()))
+    assert hash_item("video", VideoItem(frames, _metadata())) == same
+    assert hash_item("video", VideoItem(frames, _metadata((0.0, 0.6)))) != same
 
 
 def test_one_pixel_changes_the_hash() -> None:

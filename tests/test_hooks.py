@@ -27,6 +27,7 @@ from mmproc.errors import (
 from mmproc.factory import get_processor
 from mmproc.fields import BatchedField, FlatField
 from mmproc.fused_norm import ChannelLayout, NormSpec
+from mmproc.media import AudioFormat, MediaFormat, VideoSampling
 from mmproc.prompt_update import PromptReplacement
 from mmproc.registry import PluginStatus, Registry
 from PIL import Image
@@ -271,6 +272,36 @@ def test_hook_device_norm_spec_ships_raw_uint8_pixels_the_engine_normalises(buil
     assert float((normalised - expected).abs().max()) < 1e-5
     with pytest.raises(ConfigurationError, match="gives no device normalisation"):
         build(Tiny, device_normalize=True)
+
+
+# --- media_format -------------------------------------------------------------------------------
+
+
+class WantsSixteenKilohertz(Tiny):
+    @hookimpl
+    def media_format(self, processor):
+        return MediaFormat(
+            video=VideoSampling(num_frames=4, frame_multiple=2),
+            audio=AudioFormat(sample_rate=16000, mono=True),
+        )
+
+
+class ReturnsADict(Tiny):
+    @hookimpl
+    def media_format(self):
+        return {"audio": 16000}
+
+
+def test_hook_media_format_sets_how_the_models_media_are_loaded(build) -> None:
+    media = build(WantsSixteenKilohertz).media
+    assert media.audio == AudioFormat(sample_rate=16000, mono=True)
+    assert media.video == VideoSampling(num_frames=4, frame_multiple=2)
+    # The caller's sampling wins over the model's; without either, 2 fps.
+    mine = VideoSampling(fps=1.0)
+    assert build(WantsSixteenKilohertz, video_sampling=mine).media.video == mine
+    assert build(Tiny).media.video == VideoSampling()
+    with pytest.raises(PluginSpecError, match="hook 'media_format': returned dict"):
+        build(ReturnsADict)
 
 
 # --- extra_options ------------------------------------------------------------------------------

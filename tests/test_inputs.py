@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from mmproc.errors import MediaItemError
+from mmproc.errors import ConfigurationError, MediaItemError
 from mmproc.hashing import hash_item
-from mmproc.inputs import AudioItem, parse_mm_data
+from mmproc.inputs import AudioItem, VideoItem, parse_mm_data
 from PIL import Image
 
 
@@ -41,7 +41,7 @@ def _one(mm_data: dict[str, Any], modality: str = "image") -> Any:
     return parsed[modality][0]
 
 
-def _error(mm_data: dict[str, Any], **kw: Any) -> MediaItemError:
+def _error(mm_data: Any, **kw: Any) -> MediaItemError:
     with pytest.raises(MediaItemError) as info:
         parse_mm_data(mm_data, **kw)
     return info.value
@@ -129,9 +129,17 @@ def test_output_follows_modality_order() -> None:
     assert list(parsed) == ["image", "audio"]
 
 
-def test_not_a_mapping_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match="mapping"):
-        parse_mm_data([_rgb()])  # type: ignore[arg-type]
+def test_mm_data_that_is_not_a_mapping_is_a_media_item_error() -> None:
+    err = _error([_rgb()])  # type: ignore[arg-type]
+    assert (err.modality, err.index) == ("mm_data", None)
+    assert str(err) == (
+        "mm_data must be a mapping of modality to items, such as {'image': [...]}, not list"
+    )
+
+
+def test_media_options_must_be_media_options() -> None:
+    with pytest.raises(ConfigurationError, match="media must be a MediaOptions or None, not dict"):
+        parse_mm_data({"image": _rgb()}, media={"allowed_paths": []})  # type: ignore[arg-type]
 
 
 def test_unknown_modality_names_the_key() -> None:
@@ -258,10 +266,15 @@ def test_data_url_errors() -> None:
     assert "malformed" in _error({"image": "data:image/png;base64"}).reason
 
 
-def test_remote_urls_are_not_supported() -> None:
+def test_http_urls_are_refused_unless_fetching_is_enabled() -> None:
     err = _error({"image": ["https://example.com/cat.png"]})
-    assert "not supported" in err.reason
-    assert "https" in err.reason
+    assert err.reason.startswith("https:// URLs are not fetched")
+    assert "MediaOptions.remote" in err.reason
+
+
+def test_other_url_schemes_are_not_supported() -> None:
+    for url in ["ftp://example.com/cat.png", "file:///etc/passwd"]:
+        assert "URLs are not supported" in _error({"image": url}).reason
 
 
 def test_missing_file_and_directory(tmp_path: Path) -> None:
@@ -296,22 +309,31 @@ def test_decoding_runs_on_the_io_pool_for_several_items() -> None:
     png = _encode(_rgb())
     with _CountingPool() as pool:
         parsed = parse_mm_data({"image": [png, png, _rgb()]}, io_pool=pool)
-        assert pool.submitted == 2  # the two encoded items; the array is converted inline
+        # The two encoded items, each opened (header) and then decoded; the array stays inline.
+        assert pool.submitted == 4
         assert threading.get_ident() not in pool.threads
         assert [np.array_equal(np.asarray(i), _rgb()) for i in parsed["image"]] == [True] * 3
         parse_mm_data({"image": png}, io_pool=pool)
-        assert pool.submitted == 2  # a single item is decoded inline
+        assert pool.submitted == 4  # a single item is decoded inline
 
 
 def test_first_bad_item_in_order_is_reported_with_a_pool() -> None:
     png = _encode(_rgb())
-    bad = png[: len(png) // 2]
+    truncated = png[: len(png) // 2]
     with ThreadPoolExecutor(2) as pool:
         for _ in range(5):
-            err = _error({"image": [png, bad, png, b"junk"]}, io_pool=pool)
-            assert err.index == 1
-        err = _error({"image": [png, png], "video": [[png, bad]]}, io_pool=pool)
+            assert _error({"image": [png, truncated, png, truncated]}, io_pool=pool).index == 1
+            assert _error({"image": [png, b"junk", png, b"junk"]}, io_pool=pool).index == 1
+        err = _error({"image": [png, png], "video": [[png, truncated]]}, io_pool=pool)
         assert (err.modality, err.index) == ("video", 0)
+
+
+def test_an_item_that_cannot_be_opened_is_reported_before_one_that_fails_to_decode() -> None:
+    # Items are opened (headers read, sizes added up) before any is decoded.
+    png = _encode(_rgb())
+    err = _error({"image": [png[: len(png) // 2], b"junk"]})
+    assert err.index == 1
+    assert "cannot identify" in err.reason
 
 
 # --- video ----------------------------------------------------------------------------------------
@@ -323,7 +345,16 @@ def _video(t: int = 4, h: int = 16, w: int = 24) -> np.ndarray:
 
 def test_video_array_passes_through_without_copy() -> None:
     video = _video()
-    assert _one({"video": video}, "video") is video
+    item = _one({"video": video}, "video")
+    assert isinstance(item, VideoItem)
+    assert item.frames is video
+    assert item.metadata is None
+
+
+def test_a_video_item_passes_through() -> None:
+    item = VideoItem(_video())
+    assert _one({"video": item}, "video") is item
+    assert [v is item for v in parse_mm_data({"video": [item, item]})["video"]] == [True, True]
 
 
 def test_every_video_form_gives_the_same_array(tmp_path: Path) -> None:
@@ -343,11 +374,12 @@ def test_every_video_form_gives_the_same_array(tmp_path: Path) -> None:
     hashes = set()
     for name, form in forms.items():
         parsed = _one({"video": form}, "video")
-        assert parsed.dtype == np.uint8, name
-        assert parsed.flags.c_contiguous, name
-        assert np.array_equal(parsed, video), name
+        assert parsed.metadata is None, name
+        assert parsed.frames.dtype == np.uint8, name
+        assert parsed.frames.flags.c_contiguous, name
+        assert np.array_equal(parsed.frames, video), name
         hashes.add(hash_item("video", parsed))
-    assert len(hashes) == 1
+    assert hashes == {hash_item("video", video)}
 
 
 def test_list_of_videos() -> None:
@@ -358,14 +390,14 @@ def test_list_of_videos() -> None:
 
 def test_palette_frames_become_rgb() -> None:
     frame = Image.fromarray(_rgb(16, 24)).convert("P")
-    parsed = _one({"video": [frame, frame]}, "video")
+    parsed = _one({"video": [frame, frame]}, "video").frames
     assert parsed.shape == (2, 16, 24, 3)
     assert np.array_equal(parsed[0], np.asarray(frame.convert("RGB")))
 
 
 def test_gray_frames_keep_one_channel() -> None:
     frame = Image.fromarray(_rgb(16, 24)).convert("L")
-    assert _one({"video": [frame]}, "video").shape == (1, 16, 24, 1)
+    assert _one({"video": [frame]}, "video").frames.shape == (1, 16, 24, 1)
 
 
 @pytest.mark.parametrize(
@@ -376,11 +408,13 @@ def test_gray_frames_keep_one_channel() -> None:
         (np.zeros((4, 8, 8), np.uint8), "(T, H, W, C)"),
         (np.zeros((0, 8, 8, 3), np.uint8), "empty"),
         ([[Image.new("RGB", (8, 8)), Image.new("RGB", (9, 8))]], "frame 1"),
-        (b"\x00\x00\x00\x18ftypmp42", "not decoded"),
-        ("clip.mp4", "not decoded"),
+        (b"\x00\x00\x00\x18ftypmp42", "cannot open it"),
+        ("clip.mp4", "no such file"),
         (42, "unsupported video type"),
+        (VideoItem(_video().astype(np.float32)), "uint8"),
+        (VideoItem(np.zeros((4, 8, 8, 3), np.uint8), "fps=30"), "VideoMetadata"),  # type: ignore[arg-type]
     ],
-    ids=["no-frames", "float", "3d", "empty", "mismatch", "bytes", "path", "int"],
+    ids=["no-frames", "float", "3d", "empty", "mismatch", "bytes", "path", "int", "item", "meta"],
 )
 def test_bad_videos(video: Any, needle: str) -> None:
     err = _error({"video": video})
@@ -451,7 +485,8 @@ def test_list_of_audio_items_and_stereo() -> None:
         ((np.zeros(10, np.float32), 22050.5), "positive integer"),
         ((np.zeros(10, np.float32), True), "must be a number"),
         ({"array": np.zeros(10, np.float32)}, "sampling_rate"),
-        ("speech.wav", "unsupported audio type"),
+        ("speech.wav", "no such file"),
+        (object(), "unsupported audio type"),
         (("speech.wav", 16000), "numpy array"),
     ],
 )

@@ -16,7 +16,7 @@ from mmproc.context import ModelContext, ProcessingMode
 from mmproc.errors import ProcessorLoadError
 from mmproc.hookspecs import hookimpl
 
-__all__ = ["HF_MODALITY_KWARGS", "DefaultModel", "read_chat_template"]
+__all__ = ["HF_MODALITY_KWARGS", "DefaultModel", "read_chat_template", "video_kwargs"]
 
 #: The keyword an HF processor takes each modality's items under.
 HF_MODALITY_KWARGS: Mapping[str, str] = {"image": "images", "video": "videos", "audio": "audio"}
@@ -39,6 +39,34 @@ def read_chat_template(folder: Path) -> str | None:
             raise ProcessorLoadError(f"{as_json} is not a JSON object: {exc}") from exc
         return template if isinstance(template, str) else None
     return None
+
+
+def video_kwargs(videos: Sequence[Any]) -> dict[str, Any]:
+    """The HF processor keywords for video items (:class:`mmproc.inputs.VideoItem`).
+
+    ``videos``: the frames. When some video came from a file, also ``video_metadata`` (what
+    transformers' video processors read: source fps, frame count, the sampled frames' indices,
+    from which e.g. Qwen2.5-VL's ``second_per_grid_ts`` comes) and ``do_sample_frames=False``:
+    mmproc sampled the frames already. Frames given decoded get the metadata transformers itself
+    assumes for them.
+    """
+    kwargs: dict[str, Any] = {"videos": [video.frames for video in videos]}
+    if any(video.metadata is not None for video in videos):
+        kwargs["video_metadata"] = [
+            video.metadata.to_transformers()
+            if video.metadata is not None
+            else {
+                "total_num_frames": len(video.frames),
+                "fps": None,
+                "duration": None,
+                "frames_indices": list(range(len(video.frames))),
+                "height": video.frames.shape[1],
+                "width": video.frames.shape[2],
+            }
+            for video in videos
+        ]
+        kwargs["do_sample_frames"] = False
+    return kwargs
 
 
 class DefaultModel:
@@ -83,6 +111,8 @@ class DefaultModel:
                 rates = {item.sample_rate for item in items}
                 if len(rates) == 1:
                     kwargs.setdefault("sampling_rate", rates.pop())
+            elif modality == "video":
+                kwargs.update(video_kwargs(items))
             else:
                 kwargs[HF_MODALITY_KWARGS.get(modality, modality)] = list(items)
         kwargs.update(hf_kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ from mmproc.options import ProcessorOptions, WarmUp, check_plugin_options
 from mmproc.processor import Processor
 
 if TYPE_CHECKING:
+    from mmproc.media import MediaLimits, RemoteMedia, VideoSampling
     from mmproc.registry import Registry
 
 __all__ = ["get_processor"]
@@ -33,6 +34,10 @@ def get_processor(
     warm_up: WarmUp = "background",
     hf_processor_kwargs: Mapping[str, Any] | None = None,
     hash_algorithm: str = DEFAULT_HASH_ALGORITHM,
+    allowed_media_paths: Sequence[str | os.PathLike[str]] | None = None,
+    remote_media: RemoteMedia | None = None,
+    media_limits: MediaLimits | None = None,
+    video_sampling: VideoSampling | None = None,
     prefer: Mapping[str, str] | None = None,
     model_path: str | os.PathLike[str] | None = None,
     registry: Registry | None = None,
@@ -67,6 +72,10 @@ def get_processor(
         warm_up=warm_up,
         hf_processor_kwargs=hf_processor_kwargs or {},
         hash_algorithm=hash_algorithm,
+        allowed_media_paths=allowed_media_paths,
+        remote_media=remote_media,
+        media_limits=media_limits,
+        video_sampling=video_sampling,
     )
     registry = registry or get_registry()
     target = os.fspath(name_or_folder)

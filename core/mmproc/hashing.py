@@ -12,6 +12,13 @@ a format tag, the modality, a type tag, then every variable-length field with a 
 shape for arrays; the sample rate for audio — and finally the data. The data is fed to the hasher
 in place (array buffers) or streamed in small chunks (PIL images), never copied whole.
 
+A video item (:class:`~mmproc.inputs.VideoItem`) is hashed as what the model receives: its frames
+and, for a decoded file, where they sit in time — the sampled frames' timestamps and indices and
+the source's frame rate, frame count and duration (processors read these: Qwen2.5-VL's
+``second_per_grid_ts``, transformers' ``VideoMetadata``), but not the file's bytes or name. So one
+video sent as a file, as a ``data:`` URL and as an http URL is one cache entry, and the same
+frames at other times are not. Frames given without metadata hash exactly like the bare array.
+
 A cache key (:func:`item_key`) combines an item's hash with a *context digest*
 (:func:`hash_context`): architecture, the model folder's processor configuration and the
 processing options, as canonical (sorted-key) JSON. Whatever else changes the processor's output
@@ -47,7 +54,7 @@ import xxhash
 from PIL import Image
 
 from mmproc._torch import is_torch_tensor
-from mmproc.inputs import AudioItem
+from mmproc.inputs import AudioItem, VideoItem, VideoMetadata
 
 __all__ = [
     "DEFAULT_HASH_ALGORITHM",
@@ -67,6 +74,7 @@ _ITEM_MAGIC = b"mmproc-item/%d" % HASH_FORMAT_VERSION
 _CONTEXT_MAGIC = b"mmproc-context/%d" % HASH_FORMAT_VERSION
 _KEY_MAGIC = b"mmproc-key/%d" % HASH_FORMAT_VERSION
 _U64 = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
 # Chunk size for streaming PIL pixels into the hasher: small enough to stay in L2 cache, which is
 # what makes streaming ~4x faster than Image.tobytes() (one large buffer, then a join).
 _PIL_CHUNK = 1 << 16
@@ -89,7 +97,7 @@ def check_hash_algorithm(algorithm: object) -> str:
         raise ValueError(
             f"unknown hash algorithm {algorithm!r}; expected one of {', '.join(HASH_ALGORITHMS)}"
         )
-    return algorithm  # type: ignore[return-value]
+    return algorithm
 
 
 def _hasher(algorithm: str) -> Any:
@@ -113,8 +121,8 @@ def hash_item(modality: str, item: Any, algorithm: str = DEFAULT_HASH_ALGORITHM)
     Args:
         modality: ``"image"``, ``"video"``, ``"audio"`` (any string; it is part of the hash, so a
             one-frame video never shares a hash with an image).
-        item: A PIL image, a numpy array (or CPU/GPU torch tensor), or an
-            :class:`~mmproc.inputs.AudioItem`.
+        item: A PIL image, a numpy array (or CPU/GPU torch tensor), a
+            :class:`~mmproc.inputs.VideoItem` or an :class:`~mmproc.inputs.AudioItem`.
         algorithm: one of `HASH_ALGORITHMS`.
 
     Raises:
@@ -126,6 +134,10 @@ def hash_item(modality: str, item: Any, algorithm: str = DEFAULT_HASH_ALGORITHM)
     _field(h, modality.encode())
     if isinstance(item, Image.Image):
         _hash_pil(h, item)
+    elif isinstance(item, VideoItem):
+        if item.metadata is not None:
+            _hash_video_metadata(h, item.metadata)
+        _hash_array(h, item.frames)
     elif isinstance(item, AudioItem):
         _field(h, b"audio")
         h.update(_U64.pack(item.sample_rate))
@@ -137,9 +149,18 @@ def hash_item(modality: str, item: Any, algorithm: str = DEFAULT_HASH_ALGORITHM)
     else:
         raise TypeError(
             f"cannot hash a {type(item).__name__} {modality} item; expected a PIL image, a numpy "
-            "array, a torch tensor or an AudioItem (parse mm_data first)"
+            "array, a torch tensor, a VideoItem or an AudioItem (parse mm_data first)"
         )
     return h.hexdigest()
+
+
+def _hash_video_metadata(h: Any, metadata: VideoMetadata) -> None:
+    _field(h, b"video-metadata")
+    h.update(_F64.pack(metadata.fps))
+    h.update(_F64.pack(metadata.duration_s))
+    h.update(_U64.pack(metadata.total_frames))
+    _field(h, np.asarray(metadata.frame_indices, dtype="<i8").tobytes())
+    _field(h, np.asarray(metadata.timestamps_s, dtype="<f8").tobytes())
 
 
 def _hash_pil(h: Any, image: Image.Image) -> None:
@@ -199,7 +220,7 @@ def _hash_array(h: Any, arr: np.ndarray, dtype_tag: str | None = None) -> None:
         raise TypeError("cannot hash an object array")
     # C order is part of the format; only a non-contiguous view pays for a copy.
     data = np.ascontiguousarray(arr)
-    _field(h, memoryview(data.reshape(-1).view(np.uint8)))
+    _field(h, data.reshape(-1).view(np.uint8).data)
 
 
 def _hash_tensor(h: Any, tensor: Any) -> None:

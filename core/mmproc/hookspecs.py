@@ -26,9 +26,9 @@ so an incompatible plugin is reported without being imported::
     my_model = "mmproc.hookspecs:PLUGIN_API_V2"
 
 Threads: discovery and ``load_hf_processor`` run once, on the thread that first looks the model up;
-so do ``extra_options``, ``supports_concurrency``, ``worker_count_hint``, ``device_norm_spec``
-and ``get_dummy_text`` (once per modality, to learn the model's placeholders), when a
-``Processor`` is built. The per-request hooks (``process_mm_data``, ``get_mm_fields``,
+so do ``extra_options``, ``supports_concurrency``, ``worker_count_hint``, ``device_norm_spec``,
+``media_format`` and ``get_dummy_text`` (once per modality, to learn the model's placeholders),
+when a ``Processor`` is built. The per-request hooks (``process_mm_data``, ``get_mm_fields``,
 ``get_prompt_updates``, ``get_dummy_text``) run on a worker-pool thread, with that thread's own
 processor clone, possibly on several threads at once: keep no per-request state on the model.
 
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from mmproc.executor import PreprocessingPath
     from mmproc.fields import FieldSpec
     from mmproc.fused_norm import NormSpec
+    from mmproc.media import MediaFormat
     from mmproc.prompt_update import PromptUpdate
 
 __all__ = [
@@ -211,6 +212,18 @@ class ModelSpec:
         ``process_mm_data`` with ``mode.raw_pixels`` and rescale / normalise switched off,
         pixels travel as uint8 and the engine applies :class:`mmproc.fused_norm.FusedInputNorm`.
         Called once per ``Processor``.
+        """
+
+    @hookspec(firstresult=True)
+    def media_format(self, ctx: ModelContext, processor: Any) -> MediaFormat | None:
+        """Say what the model needs its media in: video sampling, audio rate and channels.
+
+        Signature: ``media_format(ctx, processor) -> MediaFormat | None``. Default ``None``:
+        video files sampled at 2 fps, audio kept at its own rate and channels. Read the values
+        from ``processor`` (e.g. its video processor's fps, its feature extractor's
+        ``sampling_rate``) rather than writing constants. Every audio item is converted to the
+        format before it is hashed; the caller's ``video_sampling`` option wins over the
+        model's sampling. Called once per ``Processor``.
         """
 
     @hookspec(firstresult=True)

@@ -7,60 +7,94 @@ processor, the cache) sees a single representation whatever the input form was:
 ``image``
     A loaded ``PIL.Image.Image`` in its own mode (RGB conversion is the HF processor's job).
     Accepted: a PIL image, a ``uint8`` numpy array ``(H, W)`` or ``(H, W, C)`` with ``C`` in
-    1, 3, 4, a ``uint8`` torch tensor ``(C, H, W)`` / ``(H, W, C)`` / ``(H, W)``, encoded bytes
-    (``bytes``/``bytearray``/``memoryview``), a file path (``str`` or ``os.PathLike``) or a base64
-    ``data:image/...`` URL. Arrays become ``L`` (one channel), ``RGB`` or ``RGBA`` images. A 3-D
-    tensor whose first dimension is 1, 3 or 4 is read as channels-first (torchvision's
-    convention); numpy arrays are always channels-last.
+    1, 3, 4, a ``uint8`` torch tensor ``(C, H, W)`` / ``(H, W, C)`` / ``(H, W)``, or an *encoded*
+    image (below) in one of :data:`IMAGE_FORMATS`. Arrays become ``L`` (one channel), ``RGB`` or
+    ``RGBA`` images. A 3-D tensor whose first dimension is 1, 3 or 4 is read as channels-first
+    (torchvision's convention); numpy arrays are always channels-last.
 ``video``
-    A C-contiguous ``uint8`` numpy array ``(T, H, W, C)`` with ``C`` in 1, 3, 4 — one buffer, so
-    hashing needs no copy and every HF video processor accepts it. Accepted: such an array (or a
-    torch tensor ``(T, H, W, C)`` / ``(T, C, H, W)``), or a list of frames, each frame any image
-    form above. PIL frames in modes other than ``L``/``RGB``/``RGBA`` are converted to ``RGB``
-    (``RGBA`` when they carry transparency), since an array has no palette. Video files are not
-    decoded.
+    A :class:`VideoItem`: ``frames``, a C-contiguous ``uint8`` array ``(T, H, W, C)`` with ``C``
+    in 1, 3, 4 — one buffer, so hashing needs no copy and every HF video processor accepts it —
+    and ``metadata``, a :class:`VideoMetadata` (source fps, duration, frame count, the sampled
+    frames' indices and timestamps) for a decoded video file, ``None`` for frames given as such.
+    Accepted:
+
+    * an *encoded* video file (below: mp4, webm, mkv, avi, ... in any container of
+      ``media.video.VIDEO_CONTAINERS``, recognised by content, never by file name): decoded
+      with PyAV and sampled by ``MediaOptions.video`` (a :class:`~mmproc.media.VideoSampling`:
+      2 fps by default), RGB frames;
+    * frames already decoded, kept as given (not resampled): such an array, a torch tensor
+      ``(T, H, W, C)`` / ``(T, C, H, W)``, or a list of frames, each any image form above. PIL
+      frames in modes other than ``L``/``RGB``/``RGBA`` are converted to ``RGB`` (``RGBA`` when
+      they carry transparency), since an array has no palette;
+    * a ``VideoItem`` (its metadata, if any, must describe as many frames as it has).
 ``audio``
     An :class:`AudioItem`: a C-contiguous ``float32`` waveform, 1-D (mono) or 2-D channels-first
     ``(channels, samples)``, and an integer sample rate. Accepted: ``(waveform, sample_rate)``, an
-    ``AudioItem``, or a ``{"array": ..., "sampling_rate": ...}`` dict (the HF datasets layout).
-    Integer PCM is rejected rather than rescaled by a guess.
+    ``AudioItem``, a ``{"array": ..., "sampling_rate": ...}`` dict (the HF datasets layout), or an
+    *encoded* audio file (below): WAV, FLAC, Ogg (soundfile), MP3, AAC / M4A, Opus, or the audio
+    track of a video file (PyAV); decoded files are 1-D when mono. Integer PCM waveforms are
+    rejected rather than rescaled by a guess. Every item, decoded or given, is then converted to
+    ``MediaOptions.audio`` (an :class:`~mmproc.media.AudioFormat`: resampled with soxr, downmixed
+    by the channel mean; by default kept as it is), so that what is hashed is what the model
+    receives.
+
+*Encoded* items arrive as bytes (``bytes``/``bytearray``/``memoryview``), a local file path
+(``str`` or ``os.PathLike``), a base64 ``data:`` URL (``data:image/...``; ``data:video/...``;
+``data:audio/...`` or ``data:video/...`` for audio) or, only when ``MediaOptions.remote`` is set,
+an ``http://`` / ``https://`` URL (the OpenAI-style ``image_url`` / ``video_url`` /
+``audio_url`` parts). Paths must name regular files inside ``MediaOptions.allowed_paths`` (by
+default anywhere); URLs are fetched under :class:`~mmproc.media.RemoteMedia`'s policy (allowed
+domains, public addresses only, bounded redirects, bytes and time): see
+:mod:`mmproc.media.sources` and :mod:`mmproc.media.fetch`.
 
 A single item may stand where a list is expected (``{"image": img}``). For ``video`` a list is a
 list of videos unless its first element is a frame (a PIL image or a 2-D/3-D array or tensor), in
-which case it is one video; encoded frames (bytes, paths) must be nested: ``[[b0, b1, ...]]``.
+which case it is one video; so encoded *files* are listed plainly (``[b"...mp4", "b.webm"]``) and
+encoded *frames* (bytes, paths) must be nested: ``[[png0, png1, ...]]``.
 
-Every bad item raises :class:`~mmproc.errors.MediaItemError` naming the modality, the index and the
-cause: unknown modality (no index), unreadable, corrupt or truncated data, images over Pillow's
-``Image.MAX_IMAGE_PIXELS`` (encoded *or* passed as arrays — the limit is about the memory and time
-a request may cost, whatever its form), wrong dtypes or shapes, empty or non-finite audio, remote
-URLs.
+Every bad item raises :class:`~mmproc.errors.MediaItemError` naming the modality, the index and
+the cause — whatever the input, nothing else escapes (a form nobody foresaw is still a
+``MediaItemError``): ``mm_data`` that is not a mapping or has an unknown modality (no index),
+unreadable, refused, corrupt or truncated data, images and video frames over Pillow's
+``Image.MAX_IMAGE_PIXELS`` (encoded *or* given as arrays — the limit is about the memory and time
+a request may cost, whatever its form), wrong dtypes or shapes, empty or non-finite audio, and
+every limit of :class:`~mmproc.media.MediaLimits`: bytes per item, read time, video duration and
+frames, audio duration, decoded bytes per request. The message names the limit
+(``"video item 0: 3,600.5 s is over the limit of 600 s (MediaLimits.max_video_seconds)"``).
 
-Decoding runs on ``io_pool`` when a request has two or more items that need reading or decoding;
-otherwise inline. Only known raster formats are opened (:data:`IMAGE_FORMATS`): Pillow would
-otherwise also try formats such as EPS, which hands data to Ghostscript.
+Loading runs in two steps over all items, so that a request's decoded size is known before
+anything big is allocated: first each item is read and its header parsed (image size, the video's
+sampled frames, the audio's length), and the sizes are added up in item order against
+``MediaLimits.max_request_decoded_bytes``; then everything is decoded. Each step runs on
+``io_pool`` when a request has two or more items that need reading or decoding; otherwise inline.
+When several items are bad, the first in modality order and index is reported, among those
+failing at the earliest step (so a header that cannot be read is reported before a truncated
+body), whatever the pool does. Only known raster formats are opened (:data:`IMAGE_FORMATS`):
+Pillow would otherwise also try formats such as EPS, which hands data to Ghostscript.
 
-Security note: file paths are read as given. A server that takes ``mm_data`` from untrusted clients
-must filter paths before calling this (or not let paths through at all).
+Security note: the defaults are for library use — any local path is read. A server that takes
+``mm_data`` from untrusted clients should pass ``MediaOptions(allowed_paths=...)`` (``()`` to
+refuse every path) and keep URL fetching off or allow-listed.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import difflib
 import io
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from concurrent.futures import Executor, Future, wait
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from mmproc._torch import is_torch_tensor
-from mmproc.errors import MediaItemError
+from mmproc.errors import ConfigurationError, MediaItemError
+from mmproc.media.policy import MediaOptions
+from mmproc.media.problem import MediaProblem
+from mmproc.media.sources import read_media_bytes
 
 __all__ = [
     "IMAGE_FORMATS",
@@ -68,6 +102,8 @@ __all__ = [
     "AudioItem",
     "MediaItem",
     "ParsedMediaItems",
+    "VideoItem",
+    "VideoMetadata",
     "parse_mm_data",
 ]
 
@@ -89,8 +125,11 @@ IMAGE_FORMATS: tuple[str, ...] = (
 
 _CHANNELS_TO_MODE = {1: "L", 3: "RGB", 4: "RGBA"}
 _ARRAY_MODES = frozenset(_CHANNELS_TO_MODE.values())
-# "scheme://..." — anything that looks like a URL rather than a local path.
-_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_ENCODED = (bytes, bytearray, memoryview, str, os.PathLike)
+_DEFAULT_MEDIA = MediaOptions()
+
+
+# --- item types ----------------------------------------------------------------------------------
 
 
 # eq=False: a generated __eq__ would compare arrays elementwise (an ambiguous truth value), and
@@ -116,18 +155,101 @@ class AudioItem:
         return self.num_samples / self.sample_rate
 
 
-MediaItem: TypeAlias = Image.Image | np.ndarray | AudioItem
-"""A parsed item: a PIL image (image), a uint8 ``(T, H, W, C)`` array (video), an AudioItem."""
+@dataclass(frozen=True, slots=True)
+class VideoMetadata:
+    """Where the frames of a decoded video file came from: what processors that take video
+    metadata (Qwen2.5-VL's ``second_per_grid_ts``, transformers' ``VideoMetadata``) need.
+
+    Frame indices count the source's frames in presentation order from 0; timestamps are in
+    seconds from the first frame (for a variable frame rate they are the frames' own times, not
+    ``index / fps``).
+    """
+
+    fps: float
+    """The source's frame rate: its frame count over its duration."""
+    duration_s: float
+    """The source's length: from its first frame's timestamp to the end of its last frame."""
+    total_frames: int
+    """Frames in the source."""
+    frame_indices: tuple[int, ...]
+    """The source index of each sampled frame (a frame may be sampled twice, see
+    ``VideoSampling``)."""
+    timestamps_s: tuple[float, ...]
+    """The timestamp of each sampled frame, in seconds."""
+    width: int
+    """Frame width in pixels."""
+    height: int
+    """Frame height in pixels."""
+
+    @property
+    def sampled_fps(self) -> float:
+        """Sampled frames per second of video (``len(timestamps_s) / duration_s``)."""
+        return len(self.timestamps_s) / self.duration_s if self.duration_s > 0 else self.fps
+
+    def to_transformers(self) -> Any:
+        """This metadata as ``transformers.video_utils.VideoMetadata``, for HF video processors
+        that take ``video_metadata`` (imports transformers)."""
+        from transformers.video_utils import VideoMetadata as HFVideoMetadata
+
+        return HFVideoMetadata(
+            total_num_frames=self.total_frames,
+            fps=self.fps,
+            width=self.width,
+            height=self.height,
+            duration=self.duration_s,
+            video_backend="pyav",
+            frames_indices=list(self.frame_indices),
+        )
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # eq=False: as AudioItem
+class VideoItem:
+    """One video: ``frames``, C-contiguous ``uint8`` ``(T, H, W, C)``, and where they came from
+    (``metadata``; ``None`` when the caller gave frames rather than a file).
+
+    The frames are shared with whoever holds them; treat them as read-only.
+    """
+
+    frames: np.ndarray
+    metadata: VideoMetadata | None = None
+
+    @property
+    def num_frames(self) -> int:
+        """Frames in the item (``T``)."""
+        return int(self.frames.shape[0])
+
+
+MediaItem: TypeAlias = Image.Image | VideoItem | AudioItem
+"""A parsed item: a PIL image (image), a VideoItem (video), an AudioItem (audio)."""
 
 ParsedMediaItems: TypeAlias = dict[str, list[Any]]
 """``parse_mm_data``'s result: modality -> its parsed items, for modalities with at least one."""
 
 
-class _ItemProblem(Exception):
-    """Raised inside loaders; turned into a MediaItemError once modality and index are known."""
-
-
 # --- entry point ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Task:
+    modality: str
+    index: int
+    raw: Any
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An item whose decoded size is known and whose decoding (``finish``) is still to do."""
+
+    decoded_bytes: int
+    finish: Callable[[], Any]
+    heavy: bool = False
+    discard: Callable[[], None] = field(default=lambda: None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    formats: tuple[str, ...] | None
+    media: MediaOptions
 
 
 def parse_mm_data(
@@ -135,6 +257,7 @@ def parse_mm_data(
     *,
     io_pool: Executor | None = None,
     image_formats: Sequence[str] | None = IMAGE_FORMATS,
+    media: MediaOptions | None = None,
 ) -> ParsedMediaItems:
     """Parse, load and validate a request's media items.
 
@@ -145,20 +268,30 @@ def parse_mm_data(
             inline.
         image_formats: Pillow format ids encoded images may be in; ``None`` allows every format
             Pillow knows (not advisable for untrusted input).
+        media: How files and URLs are read, decoded, sampled and limited; ``None``:
+            ``MediaOptions()`` (any path, no URL fetching, the default limits, audio as it is,
+            video at 2 fps).
 
     Returns:
         Modality -> list of parsed items (see the module docstring for each modality's form), in
         the order of :data:`MODALITIES`; modalities without items are left out.
 
     Raises:
-        MediaItemError: an unknown modality or a bad item (its modality and index). When
-            several items are bad, the first in modality order and index is reported.
-        TypeError: ``mm_data`` is not a mapping.
+        MediaItemError: ``mm_data`` is not a mapping, has an unknown modality, or a bad item (its
+            modality and index). When several items are bad, the one reported is the first in
+            modality order and index among those that fail at the earliest step (reading and
+            headers, then the request's decoded size, then decoding) — whatever the pool does.
+        ConfigurationError: ``media`` is not a ``MediaOptions``.
     """
     if mm_data is None:
         return {}
     if not isinstance(mm_data, Mapping):
-        raise TypeError(f"mm_data must be a mapping of modality to items, not {type(mm_data)!r}")
+        raise MediaItemError(
+            "mm_data",
+            None,
+            "mm_data must be a mapping of modality to items, such as {'image': [...]}, not "
+            f"{type(mm_data).__name__}",
+        )
     for key in mm_data:
         if key not in MODALITIES:
             hint = difflib.get_close_matches(str(key), MODALITIES, n=1)
@@ -169,9 +302,15 @@ def parse_mm_data(
                 f"unknown modality {key!r}; expected one of {', '.join(MODALITIES)}{did_you_mean}",
             )
 
-    formats = tuple(image_formats) if image_formats is not None else None
-    # One task per item; "heavy" tasks read files or decode, and may go to the pool.
-    tasks: list[tuple[str, int, Callable[[], Any], bool]] = []
+    if media is not None and not isinstance(media, MediaOptions):
+        raise ConfigurationError(
+            f"media must be a MediaOptions or None, not {type(media).__name__}"
+        )
+    settings = _Settings(
+        tuple(image_formats) if image_formats is not None else None,
+        media if media is not None else _DEFAULT_MEDIA,
+    )
+    tasks: list[_Task] = []
     counts: dict[str, int] = {}
     for modality in MODALITIES:
         value = mm_data.get(modality)
@@ -179,35 +318,31 @@ def parse_mm_data(
             continue
         items = _as_item_list(modality, value)
         counts[modality] = len(items)
-        for index, raw in enumerate(items):
-            loader, heavy = _make_loader(modality, raw, formats)
-            tasks.append((modality, index, loader, heavy))
+        tasks.extend(_Task(modality, index, raw) for index, raw in enumerate(items))
 
-    results: list[Any] = [None] * len(tasks)
-    n_heavy = sum(1 for *_, heavy in tasks if heavy)
-    futures: dict[int, Future[Any]] = {}
-    if io_pool is not None and n_heavy >= 2:
-        futures = {
-            i: io_pool.submit(loader) for i, (_, _, loader, heavy) in enumerate(tasks) if heavy
-        }
+    # Step 1: read the bytes and parse the headers; nothing is decoded yet.
+    pending: list[_Pending] = _run_in_order(
+        tasks,
+        lambda i: _prepare(tasks[i], settings),
+        [_reads_or_decodes(task.raw) for task in tasks],
+        io_pool,
+        discard=lambda p: p.discard(),
+    )
     try:
-        # Walk in order so the error reported is deterministic: the first bad item.
-        for i, (modality, index, loader, _) in enumerate(tasks):
-            try:
-                results[i] = futures[i].result() if i in futures else loader()
-            except _ItemProblem as exc:
-                raise MediaItemError(modality, index, str(exc)) from exc.__cause__
-            except MemoryError:
-                raise
-            except Exception as exc:
-                # A form the checks above did not foresee: still an error about this item.
-                raise MediaItemError(
-                    modality, index, f"cannot load it: {type(exc).__name__}: {exc}"
-                ) from exc
-    except BaseException:
-        for fut in futures.values():
-            fut.cancel()
-        raise
+        limit = settings.media.limits.max_request_decoded_bytes
+        _check_request_size(tasks, [p.decoded_bytes for p in pending], limit)
+        # Step 2: decode.
+        results = _run_in_order(
+            tasks,
+            lambda i: pending[i].finish(),
+            [p.heavy for p in pending],
+            io_pool,
+        )
+        # Compressed audio's length is an estimate until decoded: check the sizes once more.
+        _check_request_size(tasks, [_decoded_size(item) for item in results], limit)
+    finally:
+        for p in pending:
+            p.discard()
 
     out: ParsedMediaItems = {}
     pos = 0
@@ -216,6 +351,79 @@ def parse_mm_data(
             out[modality] = results[pos : pos + n]
         pos += n
     return out
+
+
+def _run_in_order(
+    tasks: list[_Task],
+    step: Callable[[int], Any],
+    heavy: list[bool],
+    io_pool: Executor | None,
+    discard: Callable[[Any], None] | None = None,
+) -> list[Any]:
+    """``step(i)`` for every ``tasks[i]`` — the heavy ones on ``io_pool`` when there are two or
+    more — in order. The first failure in order is raised as a MediaItemError, once the steps
+    still running have ended; ``discard`` gets every result that will not be used."""
+    futures: dict[int, Future[Any]] = {}
+    if io_pool is not None and sum(heavy) >= 2:
+        futures = {i: io_pool.submit(step, i) for i in range(len(tasks)) if heavy[i]}
+    results: list[Any] = []
+    try:
+        for i, task in enumerate(tasks):
+            try:
+                results.append(futures[i].result() if i in futures else step(i))
+            except Exception as exc:
+                raise _item_error(task, exc) from _cause(exc)
+    except BaseException:
+        for fut in futures.values():
+            fut.cancel()
+        wait(futures.values())  # what runs on the pool must not outlive its request
+        if discard is not None:
+            unused = results + [
+                fut.result()
+                for i, fut in futures.items()
+                if i >= len(results) and not fut.cancelled() and fut.exception() is None
+            ]
+            for result in unused:
+                discard(result)
+        raise
+    return results
+
+
+def _cause(exc: Exception) -> BaseException | None:
+    return exc.__cause__ if isinstance(exc, MediaProblem) else exc
+
+
+def _item_error(task: _Task, exc: Exception) -> MediaItemError:
+    if isinstance(exc, MediaProblem):
+        return MediaItemError(task.modality, task.index, str(exc))
+    if isinstance(exc, MemoryError):
+        # The allocation failed and was freed: this item is too big, the process is fine.
+        return MediaItemError(task.modality, task.index, "ran out of memory while loading it")
+    # A form the checks did not foresee: still an error about this item.
+    return MediaItemError(task.modality, task.index, f"cannot load it: {type(exc).__name__}: {exc}")
+
+
+def _check_request_size(tasks: list[_Task], sizes: list[int], limit: int | None) -> None:
+    if limit is None:
+        return
+    total = 0
+    for task, size in zip(tasks, sizes):
+        total += size
+        if total > limit:
+            raise MediaItemError(
+                task.modality,
+                task.index,
+                f"its {size:,} decoded bytes bring the request to {total:,}, over the limit of "
+                f"{limit:,} (MediaLimits.max_request_decoded_bytes)",
+            )
+
+
+def _decoded_size(item: Any) -> int:
+    if isinstance(item, VideoItem):
+        return int(item.frames.nbytes)
+    if isinstance(item, AudioItem):
+        return int(item.waveform.nbytes)
+    return _image_bytes(item.mode, item.width, item.height)
 
 
 # --- list / single item --------------------------------------------------------------------------
@@ -252,71 +460,80 @@ def _as_item_list(modality: str, value: Any) -> list[Any]:
     return [value]
 
 
-# --- per-modality loaders ------------------------------------------------------------------------
+def _reads_or_decodes(raw: Any) -> bool:
+    if isinstance(raw, _ENCODED):
+        return True
+    return isinstance(raw, list | tuple) and any(isinstance(f, _ENCODED) for f in raw)
 
 
-def _make_loader(
-    modality: str, raw: Any, formats: tuple[str, ...] | None
-) -> tuple[Callable[[], Any], bool]:
-    """Return a zero-argument loader for one item and whether it reads or decodes (is heavy)."""
-    if modality == "image":
-        return (lambda: _load_image(raw, formats)), _needs_decoding(raw)
-    if modality == "video":
-        heavy = isinstance(raw, list | tuple) and any(_needs_decoding(f) for f in raw)
-        return (lambda: _load_video(raw, formats)), heavy or _needs_decoding(raw)
-    return (lambda: _load_audio(raw)), False
+def _prepare(task: _Task, settings: _Settings) -> _Pending:
+    if task.modality == "image":
+        return _prepare_image(task.raw, settings)
+    if task.modality == "video":
+        return _prepare_video(task.raw, settings)
+    return _prepare_audio(task.raw, settings)
 
 
-def _needs_decoding(raw: Any) -> bool:
-    return isinstance(raw, bytes | bytearray | memoryview | str | os.PathLike)
+def _done(item: Any, decoded_bytes: int) -> _Pending:
+    return _Pending(decoded_bytes, lambda: item)
+
+
+# --- images --------------------------------------------------------------------------------------
 
 
 def _check_pixels(width: int, height: int) -> None:
     # Read the limit at call time: callers (and tests) may change it.
     limit = Image.MAX_IMAGE_PIXELS
     if limit is not None and width * height > limit:
-        raise _ItemProblem(
+        raise MediaProblem(
             f"{width}x{height} = {width * height} pixels is over the limit of {limit} "
             "(PIL.Image.MAX_IMAGE_PIXELS); possible decompression bomb"
         )
 
 
-def _load_image(raw: Any, formats: tuple[str, ...] | None) -> Image.Image:
+def _image_bytes(mode: str, width: int, height: int) -> int:
+    """The decoded size of an image: its bands times their width (4 bytes for 32-bit modes)."""
+    try:
+        bands = Image.getmodebands(mode)
+    except (KeyError, ValueError):
+        bands = 4
+    per_band = 4 if mode in ("I", "F") else 2 if mode.startswith("I;16") else 1
+    return width * height * bands * per_band
+
+
+def _prepare_image(raw: Any, settings: _Settings) -> _Pending:
     if isinstance(raw, Image.Image):
         _check_pixels(*raw.size)
-        try:
-            raw.load()  # a lazily opened image: read it now so truncation surfaces here
-        except Exception as exc:
-            raise _ItemProblem(f"cannot load the PIL image: {_describe(exc)}") from exc
-        if raw.width == 0 or raw.height == 0:
-            raise _ItemProblem(f"empty image ({raw.width}x{raw.height})")
-        return raw
+        return _Pending(_image_bytes(raw.mode, *raw.size), lambda: _load_pil(raw))
     if _is_array(raw):
-        return _image_from_array(raw)
-    if isinstance(raw, bytes | bytearray | memoryview):
-        return _decode_image(bytes(raw) if isinstance(raw, memoryview) else raw, formats)
-    if isinstance(raw, str):
-        if raw.startswith("data:"):
-            return _decode_image(_decode_data_url(raw), formats)
-        if _URL_RE.match(raw):
-            scheme = raw.split(":", 1)[0]
-            raise _ItemProblem(
-                f"{scheme}:// URLs are not supported; fetch the data and pass the bytes, "
-                "a local path or a data: URL"
-            )
-        return _decode_image(_read_file(raw), formats)
-    if isinstance(raw, os.PathLike):
-        return _decode_image(_read_file(raw), formats)
-    raise _ItemProblem(
+        image = _image_from_array(raw)
+        return _done(image, _image_bytes(image.mode, *image.size))
+    if isinstance(raw, _ENCODED):
+        data = read_media_bytes(raw, data_url_types=("image/",), options=settings.media)
+        opened = _open_image(data, settings.formats)
+        return _Pending(
+            _image_bytes(opened.mode, *opened.size), lambda: _load_opened(opened), heavy=True
+        )
+    raise MediaProblem(
         f"unsupported image type {type(raw).__name__}; expected a PIL image, a uint8 array or "
-        "tensor, encoded bytes, a file path or a data: URL"
+        "tensor, encoded bytes, a file path, a data: URL or an http(s):// URL"
     )
+
+
+def _load_pil(image: Image.Image) -> Image.Image:
+    try:
+        image.load()  # a lazily opened image: read it now so truncation surfaces here
+    except Exception as exc:
+        raise MediaProblem(f"cannot load the PIL image: {_describe(exc)}") from exc
+    if image.width == 0 or image.height == 0:
+        raise MediaProblem(f"empty image ({image.width}x{image.height})")
+    return image
 
 
 def _image_from_array(raw: Any) -> Image.Image:
     arr = _to_numpy(raw)
     if arr.dtype != np.uint8:
-        raise _ItemProblem(f"image arrays must be uint8, got {arr.dtype}")
+        raise MediaProblem(f"image arrays must be uint8, got {arr.dtype}")
     if is_torch_tensor(raw) and arr.ndim == 3 and arr.shape[0] in _CHANNELS_TO_MODE:
         arr = arr.transpose(1, 2, 0)  # torch convention: channels first (torchvision)
     if arr.ndim == 2:
@@ -325,13 +542,13 @@ def _image_from_array(raw: Any) -> Image.Image:
         hint = ""
         if arr.ndim == 3 and arr.shape[0] in _CHANNELS_TO_MODE:
             hint = "; numpy images are (H, W, C): transpose a channels-first array"
-        raise _ItemProblem(
+        raise MediaProblem(
             f"image array shape {tuple(raw.shape)} is not (H, W), (H, W, C) or, for tensors, "
             f"(C, H, W) with C in 1, 3, 4{hint}"
         )
     height, width, channels = arr.shape
     if height == 0 or width == 0:
-        raise _ItemProblem(f"empty image ({width}x{height})")
+        raise MediaProblem(f"empty image ({width}x{height})")
     _check_pixels(width, height)
     if channels == 1:
         arr = arr[:, :, 0]
@@ -347,59 +564,37 @@ def _to_numpy(raw: Any) -> np.ndarray:
     return tensor.numpy()  # shares memory with a CPU tensor
 
 
-def _read_file(path: str | os.PathLike[str]) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError as exc:
-        raise _ItemProblem(f"no such file: {os.fspath(path)!r}") from exc
-    except IsADirectoryError as exc:
-        raise _ItemProblem(f"is a directory, not a file: {os.fspath(path)!r}") from exc
-    except OSError as exc:
-        raise _ItemProblem(f"cannot read {os.fspath(path)!r}: {_describe(exc)}") from exc
-
-
-def _decode_data_url(url: str) -> bytes:
-    header, sep, payload = url.partition(",")
-    if not sep:
-        raise _ItemProblem("malformed data: URL (no ',' before the data)")
-    params = header[len("data:") :].split(";")
-    media_type = params[0].strip().lower()
-    if not media_type.startswith("image/"):
-        raise _ItemProblem(f"data: URL media type {media_type or '(none)'!r} is not image/*")
-    if "base64" not in (p.strip().lower() for p in params[1:]):
-        raise _ItemProblem("data: URLs must be base64-encoded (';base64,')")
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise _ItemProblem(f"invalid base64 in data: URL: {exc}") from exc
-
-
-def _decode_image(data: bytes | bytearray, formats: tuple[str, ...] | None) -> Image.Image:
+def _open_image(data: bytes, formats: tuple[str, ...] | None) -> Image.Image:
+    """Open (parse the header of) encoded image data; the pixels are decoded by
+    ``_load_opened``."""
     if not data:
-        raise _ItemProblem("empty image data (0 bytes)")
+        raise MediaProblem("empty image data (0 bytes)")
     try:
         image = Image.open(io.BytesIO(data), formats=formats)
     except Image.DecompressionBombError as exc:
-        raise _ItemProblem(f"possible decompression bomb: {exc}") from exc
+        raise MediaProblem(f"possible decompression bomb: {exc}") from exc
     except Image.DecompressionBombWarning as exc:  # raised when warnings are errors
-        raise _ItemProblem(f"possible decompression bomb: {exc}") from exc
+        raise MediaProblem(f"possible decompression bomb: {exc}") from exc
     except UnidentifiedImageError as exc:
         allowed = f" (allowed formats: {', '.join(formats)})" if formats is not None else ""
-        raise _ItemProblem(
+        raise MediaProblem(
             f"cannot identify image data ({len(data)} bytes, starts {bytes(data[:8])!r}){allowed}"
         ) from exc
     except Exception as exc:
-        raise _ItemProblem(f"cannot open image: {_describe(exc)}") from exc
+        raise MediaProblem(f"cannot open image: {_describe(exc)}") from exc
     # Between 1x and 2x the limit Pillow only warns while opening; enforce 1x, as for arrays.
     _check_pixels(*image.size)
+    return image
+
+
+def _load_opened(image: Image.Image) -> Image.Image:
     try:
         image.load()  # decode everything now: truncated or corrupt data fails here, not later
     except Exception as exc:
         fmt = image.format or "image"
-        raise _ItemProblem(f"corrupt or truncated {fmt} data: {_describe(exc)}") from exc
+        raise MediaProblem(f"corrupt or truncated {fmt} data: {_describe(exc)}") from exc
     if image.width == 0 or image.height == 0:
-        raise _ItemProblem(f"empty image ({image.width}x{image.height})")
+        raise MediaProblem(f"empty image ({image.width}x{image.height})")
     return image
 
 
@@ -407,50 +602,108 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _load_video(raw: Any, formats: tuple[str, ...] | None) -> np.ndarray:
-    if _is_array(raw):
-        return _video_from_array(raw)
-    if isinstance(raw, list | tuple):
-        if not raw:
-            raise _ItemProblem("empty video (no frames)")
-        frames: list[np.ndarray] = []
-        for t, frame in enumerate(raw):
-            try:
-                frames.append(_frame_to_array(_load_image(frame, formats)))
-            except _ItemProblem as exc:
-                raise _ItemProblem(f"frame {t}: {exc}") from exc.__cause__
-            if frames[t].shape != frames[0].shape:
-                raise _ItemProblem(
-                    f"frame {t} has shape {frames[t].shape} (H, W, C), frame 0 has "
-                    f"{frames[0].shape}; all frames must match"
-                )
-        return np.stack(frames)
-    if isinstance(raw, bytes | bytearray | memoryview | str | os.PathLike):
-        raise _ItemProblem(
-            "encoded video files are not decoded here; pass the frames (a list of images, "
-            "or a (T, H, W, C) uint8 array)"
+# --- video ---------------------------------------------------------------------------------------
+
+
+def _check_frame_count(count: int, settings: _Settings) -> None:
+    limit = settings.media.limits.max_video_frames
+    if limit is not None and count > limit:
+        raise MediaProblem(
+            f"{count:,} frames is over the limit of {limit:,} (MediaLimits.max_video_frames)"
         )
-    raise _ItemProblem(
-        f"unsupported video type {type(raw).__name__}; expected a list of frames or a "
-        "(T, H, W, C) uint8 array"
+
+
+def _prepare_video(raw: Any, settings: _Settings) -> _Pending:
+    if isinstance(raw, VideoItem):
+        return _prepare_video_item(raw, settings)
+    if _is_array(raw):
+        frames = _video_from_array(raw)
+        _check_frame_count(frames.shape[0], settings)
+        return _done(VideoItem(frames), frames.nbytes)
+    if isinstance(raw, list | tuple):
+        return _prepare_frame_list(raw, settings)
+    if isinstance(raw, _ENCODED):
+        data = read_media_bytes(raw, data_url_types=("video/",), options=settings.media)
+        from mmproc.media.video import plan_video  # PyAV loads when a video file first needs it
+
+        plan = plan_video(data, settings.media.video, settings.media.limits)
+        try:
+            _check_pixels(plan.width, plan.height)
+        except MediaProblem:
+            plan.close()
+            raise
+        return _Pending(plan.decoded_bytes, plan.decode, heavy=True, discard=plan.close)
+    raise MediaProblem(
+        f"unsupported video type {type(raw).__name__}; expected a video file (bytes, a path, a "
+        "data: URL or an http(s):// URL), a list of frames or a (T, H, W, C) uint8 array"
     )
 
 
+def _prepare_video_item(item: VideoItem, settings: _Settings) -> _Pending:
+    frames = _video_from_array(item.frames)
+    _check_frame_count(frames.shape[0], settings)
+    metadata = item.metadata
+    if metadata is not None:
+        if not isinstance(metadata, VideoMetadata):
+            raise MediaProblem(
+                f"VideoItem.metadata must be a VideoMetadata or None, got {type(metadata).__name__}"
+            )
+        described = {len(metadata.frame_indices), len(metadata.timestamps_s)}
+        if described != {frames.shape[0]}:
+            raise MediaProblem(
+                f"its metadata describes {sorted(described)} frames, its array has "
+                f"{frames.shape[0]}"
+            )
+    same = frames is item.frames
+    return _done(item if same else VideoItem(frames, metadata), frames.nbytes)
+
+
+def _prepare_frame_list(raw: list[Any] | tuple[Any, ...], settings: _Settings) -> _Pending:
+    if not raw:
+        raise MediaProblem("empty video (no frames)")
+    _check_frame_count(len(raw), settings)
+    frames: list[_Pending] = []
+    for t, frame in enumerate(raw):
+        try:
+            frames.append(_prepare_image(frame, settings))
+        except MediaProblem as exc:
+            raise MediaProblem(f"frame {t}: {exc}") from exc.__cause__
+
+    def finish() -> VideoItem:
+        arrays: list[np.ndarray] = []
+        for t, pending in enumerate(frames):
+            try:
+                arrays.append(_frame_to_array(pending.finish()))
+            except MediaProblem as exc:
+                raise MediaProblem(f"frame {t}: {exc}") from exc.__cause__
+            if arrays[t].shape != arrays[0].shape:
+                raise MediaProblem(
+                    f"frame {t} has shape {arrays[t].shape} (H, W, C), frame 0 has "
+                    f"{arrays[0].shape}; all frames must match"
+                )
+        return VideoItem(np.stack(arrays))
+
+    heavy = any(p.heavy for p in frames)
+    return _Pending(sum(p.decoded_bytes for p in frames), finish, heavy=heavy)
+
+
 def _video_from_array(raw: Any) -> np.ndarray:
+    if not _is_array(raw):
+        raise MediaProblem(f"video frames must be a uint8 array, got {type(raw).__name__}")
     arr = _to_numpy(raw)
     if arr.dtype != np.uint8:
-        raise _ItemProblem(f"video arrays must be uint8, got {arr.dtype}")
+        raise MediaProblem(f"video arrays must be uint8, got {arr.dtype}")
     if arr.ndim != 4:
-        raise _ItemProblem(f"video array shape {tuple(arr.shape)} is not (T, H, W, C)")
+        raise MediaProblem(f"video array shape {tuple(arr.shape)} is not (T, H, W, C)")
     if is_torch_tensor(raw) and arr.shape[1] in _CHANNELS_TO_MODE:
         arr = arr.transpose(0, 2, 3, 1)  # (T, C, H, W), torch's channels-first convention
     frames, height, width, channels = arr.shape
     if channels not in _CHANNELS_TO_MODE:
-        raise _ItemProblem(
+        raise MediaProblem(
             f"video array shape {tuple(raw.shape)} is not (T, H, W, C) with C in 1, 3, 4"
         )
     if frames == 0 or height == 0 or width == 0:
-        raise _ItemProblem(f"empty video (shape {tuple(arr.shape)})")
+        raise MediaProblem(f"empty video (shape {tuple(arr.shape)})")
     _check_pixels(width, height)
     return np.ascontiguousarray(arr)  # no copy when it already is
 
@@ -462,29 +715,70 @@ def _frame_to_array(image: Image.Image) -> np.ndarray:
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
-def _load_audio(raw: Any) -> AudioItem:
+# --- audio ---------------------------------------------------------------------------------------
+
+
+def _prepare_audio(raw: Any, settings: _Settings) -> _Pending:
+    fmt = settings.media.audio
+    limits = settings.media.limits
+    # Loaded when audio first needs it (soundfile, soxr and PyAV take a while to import).
+    from mmproc.media.audio import convert_audio, converted_bytes, plan_audio
+
+    if isinstance(raw, _ENCODED):
+        data = read_media_bytes(raw, data_url_types=("audio/", "video/"), options=settings.media)
+        plan = plan_audio(data, limits)
+        size = converted_bytes(plan.frames, plan.channels, plan.sample_rate, fmt)
+
+        def finish() -> AudioItem:
+            waveform, rate = convert_audio(plan.decode(), plan.sample_rate, fmt)
+            return AudioItem(waveform, rate)
+
+        return _Pending(size, finish, heavy=True, discard=plan.close)
+
+    waveform, rate = _validated_audio(raw)
+    seconds = waveform.shape[-1] / rate
+    if limits.max_audio_seconds is not None and seconds > limits.max_audio_seconds:
+        raise MediaProblem(
+            f"{seconds:,.1f} s is over the limit of {limits.max_audio_seconds:g} s "
+            "(MediaLimits.max_audio_seconds)"
+        )
+    channels = waveform.shape[0] if waveform.ndim == 2 else 1
+    size = converted_bytes(waveform.shape[-1], channels, rate, fmt)
+    resamples = fmt.sample_rate is not None and fmt.sample_rate != rate
+
+    def convert() -> AudioItem:
+        converted, new_rate = convert_audio(waveform, rate, fmt)
+        if isinstance(raw, AudioItem) and converted is raw.waveform and new_rate == rate:
+            return raw
+        return AudioItem(converted, new_rate)
+
+    return _Pending(size, convert, heavy=resamples)
+
+
+def _validated_audio(raw: Any) -> tuple[np.ndarray, int]:
     if isinstance(raw, AudioItem):
         waveform, rate = raw.waveform, raw.sample_rate
     elif isinstance(raw, Mapping):
         if "array" not in raw or "sampling_rate" not in raw:
-            raise _ItemProblem(
+            raise MediaProblem(
                 f"audio dicts need 'array' and 'sampling_rate' keys, got {sorted(map(str, raw))}"
             )
         waveform, rate = raw["array"], raw["sampling_rate"]
     elif isinstance(raw, tuple | list) and len(raw) == 2:
         waveform, rate = raw
     else:
-        raise _ItemProblem(
-            f"unsupported audio type {type(raw).__name__}; expected (waveform, sample_rate)"
+        raise MediaProblem(
+            f"unsupported audio type {type(raw).__name__}; expected (waveform, sample_rate) or "
+            "an audio file (bytes, a path, a data: URL or an http(s):// URL)"
         )
-    return AudioItem(_validate_waveform(waveform), _validate_rate(rate))
+    return _validate_waveform(waveform), _validate_rate(rate)
 
 
 def _validate_rate(rate: Any) -> int:
     if isinstance(rate, bool) or not isinstance(rate, int | float | np.integer | np.floating):
-        raise _ItemProblem(f"sample rate must be a number, got {type(rate).__name__}")
+        raise MediaProblem(f"sample rate must be a number, got {type(rate).__name__}")
     if not float(rate).is_integer() or rate <= 0:
-        raise _ItemProblem(f"sample rate must be a positive integer, got {rate!r}")
+        raise MediaProblem(f"sample rate must be a positive integer, got {rate!r}")
     return int(rate)
 
 
@@ -496,23 +790,23 @@ def _validate_waveform(waveform: Any) -> np.ndarray:
         if arr.dtype.kind in "iu":  # a Python list of ints is plain numbers, not PCM
             arr = arr.astype(np.float32)
     else:
-        raise _ItemProblem(
+        raise MediaProblem(
             f"waveform must be a numpy array or tensor, got {type(waveform).__name__}"
         )
     if arr.dtype.kind != "f":
-        raise _ItemProblem(
+        raise MediaProblem(
             f"waveform must be floating point, got {arr.dtype}"
             + ("; integer PCM must be scaled to [-1, 1] first" if arr.dtype.kind in "iu" else "")
         )
     if arr.ndim not in (1, 2):
-        raise _ItemProblem(f"waveform shape {arr.shape} is not (samples,) or (channels, samples)")
+        raise MediaProblem(f"waveform shape {arr.shape} is not (samples,) or (channels, samples)")
     if arr.size == 0:
-        raise _ItemProblem(f"empty audio (waveform shape {arr.shape})")
+        raise MediaProblem(f"empty audio (waveform shape {arr.shape})")
     if arr.ndim == 2 and arr.shape[0] > arr.shape[1]:
-        raise _ItemProblem(
+        raise MediaProblem(
             f"waveform shape {arr.shape} looks like (samples, channels); pass (channels, samples)"
         )
     arr = np.ascontiguousarray(arr, dtype=np.float32)  # copies only when needed
     if not np.isfinite(arr).all():
-        raise _ItemProblem("waveform contains NaN or infinite values")
+        raise MediaProblem("waveform contains NaN or infinite values")
     return arr

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from mmproc.executor import PreprocessingPath
     from mmproc.fields import FieldSpec
     from mmproc.fused_norm import NormSpec
+    from mmproc.media import MediaFormat
     from mmproc.prompt_update import PromptUpdate
     from mmproc.registry import ModelReference
 
@@ -268,3 +269,18 @@ class ModelHooks:
     def device_norm_spec(self, ctx: ModelContext, processor: Any) -> NormSpec | None:
         """The device-side normalisation the model supports, if any."""
         return self._hook.device_norm_spec(ctx=ctx, processor=processor)
+
+    def media_format(self, ctx: ModelContext, processor: Any) -> MediaFormat:
+        """What the model needs its media in (empty: the core's defaults)."""
+        from mmproc.media import MediaFormat
+
+        result = self._hook.media_format(ctx=ctx, processor=processor)
+        if result is None:
+            return MediaFormat()
+        if not isinstance(result, MediaFormat):
+            raise PluginSpecError(
+                f"{self._describe('media_format')}: returned {type(result).__name__}; expected "
+                "a mmproc.media.MediaFormat or None",
+                plugin=self.plugin,
+            )
+        return result

@@ -9,13 +9,24 @@ mean", rather than silently doing nothing.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection, Mapping
+import os
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
 from mmproc.errors import ConfigurationError
 from mmproc.hashing import DEFAULT_HASH_ALGORITHM, check_hash_algorithm
+from mmproc.media import (
+    AudioFormat,
+    MediaFormat,
+    MediaLimits,
+    MediaOptions,
+    RemoteMedia,
+    VideoSampling,
+    allowed_media_paths_from_env,
+)
 
 __all__ = [
     "CORE_OPTION_NAMES",
@@ -58,6 +69,19 @@ class ProcessorOptions:
     ``hash_algorithm``
         ``"blake3"`` (default, cryptographic) or ``"xxh3"`` (faster; trusted clients only), for
         item hashes and cache keys (see :mod:`mmproc.hashing`).
+    ``allowed_media_paths``
+        directories local media files must be inside (after resolving symlinks and ``..``);
+        ``[]`` refuses every path; default: env ``MMPROC_ALLOWED_MEDIA_PATHS``, else any path. A
+        server taking requests from untrusted clients sets it.
+    ``remote_media``
+        a :class:`mmproc.media.RemoteMedia` to fetch ``http(s)://`` items (allowed domains,
+        public addresses only, limits); default ``None``: URLs are refused.
+    ``media_limits``
+        a :class:`mmproc.media.MediaLimits`: bytes and time per item read, video and audio
+        duration, video frames, decoded bytes per request (default: its defaults).
+    ``video_sampling``
+        a :class:`mmproc.media.VideoSampling` for video files, over the model's own (its plugin's
+        ``media_format``) and the default 2 fps.
     """
 
     workers: int | None = None
@@ -69,6 +93,10 @@ class ProcessorOptions:
     warm_up: WarmUp = "background"
     hf_processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
     hash_algorithm: str = DEFAULT_HASH_ALGORITHM
+    allowed_media_paths: Sequence[str | os.PathLike[str]] | None = None
+    remote_media: RemoteMedia | None = None
+    media_limits: MediaLimits | None = None
+    video_sampling: VideoSampling | None = None
 
     def __post_init__(self) -> None:
         _count_or_none("workers", self.workers)
@@ -103,6 +131,30 @@ class ProcessorOptions:
             check_hash_algorithm(self.hash_algorithm)
         except ValueError as exc:
             raise ConfigurationError(f"hash_algorithm: {exc}") from None
+        for name, kind in (
+            ("remote_media", RemoteMedia),
+            ("media_limits", MediaLimits),
+            ("video_sampling", VideoSampling),
+        ):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise ConfigurationError(
+                    f"{name} must be a mmproc.media.{kind.__name__} or None, got {value!r}"
+                )
+
+    def media_options(self, model_format: MediaFormat) -> MediaOptions:
+        """How this processor loads media: these options over the model's format and the
+        defaults (``allowed_media_paths`` unset reads ``MMPROC_ALLOWED_MEDIA_PATHS``)."""
+        paths = self.allowed_media_paths
+        return MediaOptions(
+            video=self.video_sampling or model_format.video or VideoSampling(),
+            audio=model_format.audio or AudioFormat(),
+            limits=self.media_limits or MediaLimits(),
+            remote=self.remote_media,
+            allowed_paths=(
+                allowed_media_paths_from_env() if paths is None else tuple(map(Path, paths))
+            ),
+        )
 
     def output_affecting(self) -> dict[str, Any]:
         """The options that can change what the processor outputs for an item (cache key part).

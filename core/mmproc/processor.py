@@ -132,6 +132,8 @@ class Processor:
         self.normalization = DeviceNormalization.for_model(
             model, ctx, self.hf_processor, options.device_normalize
         )
+        #: How media items are read, fetched, decoded, sampled and converted for this model.
+        self.media = options.media_options(model.media_format(ctx, self.hf_processor))
         self.cache = ProcessorCache(options.cache_bytes)
         self._keys = CacheKeys(ctx, options.hash_algorithm)
         self._keys.context_digest({}, self.normalization.active)  # unkeyable options fail here
@@ -264,7 +266,7 @@ class Processor:
         user_kwargs = dict(hf_kwargs or {})
         raw = self.normalization.raw_pixels_for(user_kwargs)
         digest = self._keys.context_digest(user_kwargs, raw)
-        items = parse_mm_data(mm_data, io_pool=self._io_pool)
+        items = parse_mm_data(mm_data, io_pool=self._io_pool, media=self.media)
         self._check_modalities(items)
         ids = check_mm_uuids(mm_uuids, {m: len(v) for m, v in items.items()})
         keys: dict[str, list[str]] = {}

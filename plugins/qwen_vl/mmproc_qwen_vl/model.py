@@ -18,6 +18,7 @@ from mmproc import hookimpl
 from mmproc.context import ModelContext, ProcessingMode
 from mmproc.fields import BatchedField, FieldSpec, FlatField
 from mmproc.fused_norm import ChannelLayout, NormSpec
+from mmproc.media import DEFAULT_VIDEO_FPS, MediaFormat, VideoSampling
 from mmproc.prompt_update import PromptReplacement, PromptUpdate
 
 from mmproc_qwen_vl.image_fast_path import (
@@ -151,6 +152,22 @@ class QwenVLModel:
             expand = _grid_expansion(outputs, grid_key, token_id, int(sub.merge_size) ** 2)
             updates.append(PromptReplacement(modality, [token_id], expand))
         return updates
+
+    @hookimpl
+    def media_format(self, processor: Any) -> MediaFormat | None:
+        """Video files sampled as Qwen2-VL's video processor would: its fps (2 when it names
+        none, as qwen-vl-utils does), its frame bounds, an even count (temporal patch 2)."""
+        video = getattr(processor, "video_processor", None)
+        if video is None:
+            return None
+        return MediaFormat(
+            video=VideoSampling(
+                fps=getattr(video, "fps", None) or DEFAULT_VIDEO_FPS,
+                min_frames=int(getattr(video, "min_frames", None) or 1),
+                max_frames=getattr(video, "max_frames", None),
+                frame_multiple=int(video.temporal_patch_size),
+            )
+        )
 
     @hookimpl
     def device_norm_spec(self, ctx: ModelContext, processor: Any) -> NormSpec | None:

@@ -1,0 +1,292 @@
+"""Fetching ``http://`` and ``https://`` media with httpx, for clients that may not be trusted.
+
+What a URL may reach is decided per hop — the URL and every redirect (followed here, one at a
+time, at most ``RemoteMedia.max_redirects``):
+
+* the scheme is http or https, and the host is on ``RemoteMedia.allowed_domains`` (if set);
+* the addresses are checked where the connection is made: the transport's network backend
+  resolves the host itself, refuses it if *any* address it resolves to is not public (loopback,
+  private, link-local, shared, multicast, reserved; IPv4 addresses inside IPv4-mapped, NAT64 and
+  6to4 IPv6 addresses count as themselves) unless ``allow_private_addresses`` or
+  ``allowed_networks`` admits it, and connects to the checked address. A name cannot resolve to
+  a public address for a check and to a private one for the connection, and TLS still verifies
+  the certificate against the host name;
+* environment proxies and ``.netrc`` are ignored (``trust_env=False``): a proxy would make the
+  address check meaningless.
+
+Then the body: ``Accept-Encoding: identity`` (a compressed response could expand past the byte
+limit before being counted; a ``Content-Encoding`` other than identity is refused), a
+``Content-Length`` over the limit is refused before reading, and the body is counted while it
+streams. The timeout is the connect and read timeout of each request and a deadline for the
+whole fetch, checked between chunks. Every failure is a
+:class:`~mmproc.media.problem.MediaProblem` naming the host (never the full URL: signed URLs
+carry secrets) and the limit.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
+
+import httpcore
+import httpx
+
+from mmproc.media.policy import MediaLimits, RemoteMedia
+from mmproc.media.problem import MediaProblem
+
+__all__ = ["address_is_public", "fetch_url", "host_is_allowed"]
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class _ForbiddenAddress(Exception):
+    """Raised by the network backend; the fetch turns it into a MediaProblem."""
+
+
+def address_is_public(address: _IPAddress) -> bool:
+    """Whether ``address`` is a public unicast address (an IPv4 address embedded in an IPv6 one
+    counts as itself)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = address.ipv4_mapped or address.sixtofour
+        if embedded is None and address in _NAT64:
+            embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if embedded is not None:
+            return address_is_public(embedded)
+    return address.is_global and not address.is_multicast
+
+
+def _address_allowed(address: _IPAddress, remote: RemoteMedia) -> bool:
+    if remote.allow_private_addresses or address_is_public(address):
+        return True
+    return any(address in network for network in remote.allowed_networks)
+
+
+def host_is_allowed(host: str, allowed_domains: tuple[str, ...] | None) -> bool:
+    """Whether ``host`` matches the allow-list (``None``: every host does): an entry
+    ``"example.com"`` matches that host, ``"*.example.com"`` its subdomains."""
+    if allowed_domains is None:
+        return True
+    host = host.lower().rstrip(".")
+    for domain in allowed_domains:
+        if domain.startswith("*."):
+            if host.endswith(domain[1:]):
+                return True
+        elif host == domain:
+            return True
+    return False
+
+
+class _CheckedAddressBackend(httpcore.SyncBackend):
+    """Resolves each host itself and connects only to addresses the policy admits."""
+
+    def __init__(self, remote: RemoteMedia) -> None:
+        self._remote = remote
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
+        addresses: list[_IPAddress] = []
+        for *_, sockaddr in infos:
+            address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+            if not _address_allowed(address, self._remote):
+                raise _ForbiddenAddress(
+                    f"{host} resolves to {address}, which is not a public address "
+                    "(RemoteMedia.allow_private_addresses / allowed_networks)"
+                )
+            if address not in addresses:
+                addresses.append(address)
+        error: Exception = httpcore.ConnectError(f"no address for {host!r}")
+        for address in addresses:
+            try:
+                return super().connect_tcp(
+                    str(address), port, timeout, local_address, socket_options
+                )
+            except httpcore.ConnectError as exc:
+                error = exc
+        raise error
+
+
+class _PoolStream(httpx.SyncByteStream):
+    def __init__(self, response: httpcore.Response) -> None:
+        self._response = response
+
+    def __iter__(self) -> Iterator[bytes]:
+        # httpcore's sync pool always answers with a sync stream.
+        yield from cast(Iterable[bytes], self._response.stream)
+
+    def close(self) -> None:
+        self._response.close()
+
+
+class _CheckedTransport(httpx.BaseTransport):
+    """An httpx transport over an httpcore pool whose connections go to checked addresses only
+    (httpx's own transport takes no network backend)."""
+
+    def __init__(self, remote: RemoteMedia) -> None:
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(),
+            network_backend=_CheckedAddressBackend(remote),
+            max_connections=32,
+            max_keepalive_connections=8,
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self._pool.handle_request(
+            httpcore.Request(
+                method=request.method,
+                url=httpcore.URL(
+                    scheme=request.url.raw_scheme,
+                    host=request.url.raw_host,
+                    port=request.url.port,
+                    target=request.url.raw_path,
+                ),
+                headers=request.headers.raw,
+                content=cast(Iterable[bytes], request.stream),  # a sync client's request
+                extensions=request.extensions,
+            )
+        )
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.headers,
+            stream=_PoolStream(response),
+            extensions=response.extensions,
+        )
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+@functools.lru_cache(maxsize=16)
+def _client(remote: RemoteMedia) -> httpx.Client:
+    # One client (and connection pool) per policy: connections are reused across requests, and
+    # a connection is only ever made by the backend that checked its address.
+    return httpx.Client(
+        transport=_CheckedTransport(remote),
+        trust_env=False,
+        follow_redirects=False,
+        headers={"Accept-Encoding": "identity"},
+    )
+
+
+def _byte_limit(remote: RemoteMedia, limits: MediaLimits) -> tuple[int | None, str]:
+    """The smaller of the two byte limits, and its name."""
+    candidates = [
+        (value, name)
+        for value, name in (
+            (remote.max_bytes, "RemoteMedia.max_bytes"),
+            (limits.max_item_bytes, "MediaLimits.max_item_bytes"),
+        )
+        if value is not None
+    ]
+    return min(candidates) if candidates else (None, "")
+
+
+def _time_limit(remote: RemoteMedia, limits: MediaLimits) -> tuple[float, str]:
+    """The shorter of the two time limits, and its name."""
+    if limits.read_timeout_s is not None and limits.read_timeout_s < remote.timeout_s:
+        return limits.read_timeout_s, "MediaLimits.read_timeout_s"
+    return remote.timeout_s, "RemoteMedia.timeout_s"
+
+
+def _check_hop(url: httpx.URL, remote: RemoteMedia, hop: int) -> None:
+    where = "the URL" if hop == 0 else f"redirect {hop}"
+    if url.scheme not in ("http", "https"):
+        raise MediaProblem(f"{where} has scheme {url.scheme!r}; only http and https are fetched")
+    if not url.host:
+        raise MediaProblem(f"{where} has no host")
+    if not host_is_allowed(url.host, remote.allowed_domains):
+        raise MediaProblem(
+            f"{where} goes to {url.host}, which is not an allowed domain "
+            "(RemoteMedia.allowed_domains)"
+        )
+
+
+def fetch_url(url: str, remote: RemoteMedia, limits: MediaLimits) -> bytes:
+    """Download ``url`` under ``remote``'s policy and the byte and time limits (see the module
+    docstring).
+
+    Raises:
+        MediaProblem: refused, failed, or over a limit.
+    """
+    try:
+        current = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise MediaProblem(f"invalid URL: {exc}") from exc
+    timeout, timeout_name = _time_limit(remote, limits)
+    deadline = time.monotonic() + timeout
+    host = current.host
+    try:
+        for hop in range(remote.max_redirects + 1):
+            _check_hop(current, remote, hop)
+            host = current.host
+            location = _get(current, remote, limits, deadline)
+            if isinstance(location, bytes):
+                return location
+            current = current.join(location)
+        raise MediaProblem(
+            f"more than {remote.max_redirects} redirects (RemoteMedia.max_redirects)"
+        )
+    except MediaProblem:
+        raise
+    except _ForbiddenAddress as exc:
+        raise MediaProblem(str(exc)) from exc
+    except (httpx.TimeoutException, httpcore.TimeoutException) as exc:
+        raise MediaProblem(
+            f"fetching from {host} took longer than the limit of {timeout:g} s ({timeout_name})"
+        ) from exc
+    except Exception as exc:  # any transport failure is this item's failure, not the server's
+        raise MediaProblem(f"cannot fetch from {host}: {type(exc).__name__}: {exc}") from exc
+
+
+def _get(url: httpx.URL, remote: RemoteMedia, limits: MediaLimits, deadline: float) -> bytes | str:
+    """The body of ``url``, or the ``Location`` it redirects to."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise httpx.TimeoutException("deadline passed before the request")
+    client = _client(remote)
+    request = client.build_request("GET", url, timeout=httpx.Timeout(remaining))
+    response = client.send(request, stream=True)
+    try:
+        if response.status_code in _REDIRECTS and "location" in response.headers:
+            return response.headers["location"]
+        if response.status_code != 200:
+            raise MediaProblem(f"{url.host} answered HTTP {response.status_code}")
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise MediaProblem(
+                f"{url.host} sent Content-Encoding {encoding!r}; only identity is accepted"
+            )
+        limit, limit_name = _byte_limit(remote, limits)
+        declared = response.headers.get("content-length", "")
+        if limit is not None and declared.isdigit() and int(declared) > limit:
+            raise MediaProblem(
+                f"{url.host} declares {int(declared):,} bytes, over the limit of {limit:,} "
+                f"bytes ({limit_name})"
+            )
+        body = bytearray()
+        for chunk in response.iter_raw():
+            body += chunk
+            if limit is not None and len(body) > limit:
+                raise MediaProblem(
+                    f"{url.host} sent more than {limit:,} bytes, the limit ({limit_name})"
+                )
+            if time.monotonic() > deadline:
+                raise httpx.TimeoutException("deadline passed while reading the body")
+        return bytes(body)
+    finally:
+        response.close()

@@ -1,0 +1,13 @@
+"""The one exception the media machinery raises on purpose."""
+
+from __future__ import annotations
+
+__all__ = ["MediaProblem"]
+
+
+class MediaProblem(Exception):
+    """Something is wrong with one media item; the message says what (and which limit).
+
+    Raised by the functions of :mod:`mmproc.media`, which do not know the item's modality and
+    index; ``parse_mm_data`` turns it into a :class:`~mmproc.errors.MediaItemError` that does.
+    """

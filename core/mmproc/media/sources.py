@@ -1,0 +1,205 @@
+"""Getting an item's encoded bytes: from bytes, a ``data:`` URL, a local file or an http(s) URL.
+
+Local files are read only when they are *regular* files inside the allowed directories:
+
+* Confinement: with ``MediaOptions.allowed_paths`` set, the path is resolved (symlinks, ``..``)
+  and must lie inside one of the (resolved) roots; the resolved path is then opened with
+  ``O_NOFOLLOW``, so its last component cannot be swapped for a symlink between the check and the
+  open. ``()`` refuses every path.
+* Regular files only: the file is opened with ``O_NONBLOCK`` (opening a FIFO would otherwise wait
+  for a writer forever) and ``fstat``-ed before a byte is read: devices (``/dev/zero``,
+  ``/dev/urandom``), FIFOs, sockets and directories are refused.
+* Limits: the size is checked against ``MediaLimits.max_item_bytes`` before reading, and again
+  while reading in chunks (a file may grow); ``MediaLimits.read_timeout_s`` is checked between
+  chunks.
+
+Every refusal is a :class:`~mmproc.media.problem.MediaProblem` naming the path as given (not what
+it resolves to, which a client should not learn) and the limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import stat
+import time
+from pathlib import Path
+
+from mmproc.media.policy import MediaLimits, MediaOptions
+from mmproc.media.problem import MediaProblem
+
+__all__ = [
+    "check_item_size",
+    "decode_data_url",
+    "is_url",
+    "read_local_file",
+    "read_media_bytes",
+]
+
+# "scheme://..." — anything that looks like a URL rather than a local path.
+_URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_CHUNK = 1 << 20
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def is_url(text: str) -> bool:
+    """Whether ``text`` is a ``scheme://`` URL rather than a local path."""
+    return _URL_RE.match(text) is not None
+
+
+def check_item_size(size: int, limits: MediaLimits, *, what: str = "the item") -> None:
+    """Refuse ``size`` encoded bytes when over ``MediaLimits.max_item_bytes``."""
+    limit = limits.max_item_bytes
+    if limit is not None and size > limit:
+        raise MediaProblem(
+            f"{what} has {size:,} bytes, over the limit of {limit:,} bytes "
+            "(MediaLimits.max_item_bytes)"
+        )
+
+
+def read_media_bytes(
+    raw: bytes | bytearray | memoryview | str | os.PathLike[str],
+    *,
+    data_url_types: tuple[str, ...],
+    options: MediaOptions,
+) -> bytes:
+    """The encoded bytes of one item given as bytes, a ``data:`` URL, a URL or a local path.
+
+    Args:
+        raw: The item as the caller gave it.
+        data_url_types: Media type prefixes a ``data:`` URL may have, e.g. ``("image/",)``.
+        options: Confinement, limits and URL fetching.
+
+    Raises:
+        MediaProblem: unreadable, refused, or over a limit.
+    """
+    limits = options.limits
+    if isinstance(raw, bytes | bytearray | memoryview):
+        data = bytes(raw) if not isinstance(raw, bytes) else raw
+        check_item_size(len(data), limits)
+        return data
+    if isinstance(raw, str):
+        if raw.startswith("data:"):
+            return decode_data_url(raw, data_url_types, limits)
+        match = _URL_RE.match(raw)
+        if match:
+            scheme = match.group(1).lower()
+            if scheme not in ("http", "https"):
+                raise MediaProblem(
+                    f"{scheme}:// URLs are not supported; pass the bytes, a local path, a data: "
+                    "URL or an http(s):// URL"
+                )
+            if options.remote is None:
+                raise MediaProblem(
+                    f"{scheme}:// URLs are not fetched: URL fetching is off "
+                    "(MediaOptions.remote); pass the bytes, a local path or a data: URL"
+                )
+            from mmproc.media.fetch import fetch_url  # httpx loads only when URLs are used
+
+            return fetch_url(raw, options.remote, limits)
+    return read_local_file(raw, allowed_paths=options.allowed_paths, limits=limits)
+
+
+def decode_data_url(url: str, accepted_types: tuple[str, ...], limits: MediaLimits) -> bytes:
+    """The payload of a base64 ``data:`` URL whose media type starts with one of
+    ``accepted_types``."""
+    header, sep, payload = url.partition(",")
+    if not sep:
+        raise MediaProblem("malformed data: URL (no ',' before the data)")
+    params = header[len("data:") :].split(";")
+    media_type = params[0].strip().lower()
+    if not media_type.startswith(accepted_types):
+        expected = " or ".join(f"{prefix}*" for prefix in accepted_types)
+        raise MediaProblem(f"data: URL media type {media_type or '(none)'!r} is not {expected}")
+    if "base64" not in (p.strip().lower() for p in params[1:]):
+        raise MediaProblem("data: URLs must be base64-encoded (';base64,')")
+    # Refuse before decoding: base64 holds 3 bytes per 4 characters.
+    check_item_size(len(payload) // 4 * 3, limits, what="the data: URL")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise MediaProblem(f"invalid base64 in data: URL: {exc}") from exc
+
+
+def _confine(text: str, allowed_paths: tuple[Path, ...]) -> Path:
+    if not allowed_paths:
+        raise MediaProblem(
+            "local file paths are not accepted here (MediaOptions.allowed_paths is empty); "
+            "pass the bytes or a data: URL"
+        )
+    resolved = Path(text).resolve()
+    if not any(resolved.is_relative_to(root) for root in allowed_paths):
+        raise MediaProblem(
+            f"{text!r} is outside the allowed media directories (MediaOptions.allowed_paths; "
+            "symlinks and '..' are resolved first)"
+        )
+    return resolved
+
+
+def read_local_file(
+    path: str | os.PathLike[str],
+    *,
+    allowed_paths: tuple[Path, ...] | None,
+    limits: MediaLimits,
+) -> bytes:
+    """Read a regular file, confined to ``allowed_paths`` (``None``: anywhere), within the byte
+    and time limits (see the module docstring)."""
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise MediaProblem(f"file paths must be str or os.PathLike[str], got {type(text).__name__}")
+    if "\x00" in text:
+        raise MediaProblem("file path contains a NUL character")
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    target: str | Path = text
+    if allowed_paths is not None:
+        target = _confine(text, allowed_paths)
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(target, flags)
+    except FileNotFoundError as exc:
+        raise MediaProblem(f"no such file: {text!r}") from exc
+    except OSError as exc:
+        raise MediaProblem(f"cannot open {text!r}: {exc.strerror or exc}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a file")
+            if kind == "a directory":
+                raise MediaProblem(f"{text!r} is a directory, not a file")
+            raise MediaProblem(f"{text!r} is {kind}, not a regular file")
+        check_item_size(info.st_size, limits, what=repr(text))
+        return _read_all(fd, text, limits)
+    finally:
+        os.close(fd)
+
+
+def _read_all(fd: int, text: str, limits: MediaLimits) -> bytes:
+    limit = limits.max_item_bytes
+    timeout = limits.read_timeout_s
+    deadline = None if timeout is None else time.monotonic() + timeout
+    buf = bytearray()
+    while True:
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except OSError as exc:
+            raise MediaProblem(f"cannot read {text!r}: {exc.strerror or exc}") from exc
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if limit is not None and len(buf) > limit:
+            raise MediaProblem(
+                f"{text!r} has more than {limit:,} bytes, the limit (MediaLimits.max_item_bytes)"
+            )
+        if deadline is not None and time.monotonic() > deadline:
+            raise MediaProblem(
+                f"reading {text!r} took longer than the limit of {timeout:g} s "
+                "(MediaLimits.read_timeout_s)"
+            )

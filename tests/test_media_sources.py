@@ -1,0 +1,220 @@
+"""mmproc.media.sources: local paths confined and regular files only, within byte and time
+limits; data: URLs and bytes within the byte limit. After every refusal, a good item still
+parses."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from mmproc.errors import MediaItemError
+from mmproc.inputs import parse_mm_data
+from mmproc.media import ALLOWED_MEDIA_PATHS_ENV, MediaLimits, MediaOptions
+from mmproc.media import allowed_media_paths_from_env as from_env
+from PIL import Image
+
+HANG_GUARD_S = 30  # a refusal that has not come back by then never will
+
+
+def _png(seed: int = 0) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (12, 16, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """An allowed media directory holding ``ok.png``, next to ``outside/secret.png``."""
+    media = tmp_path / "media"
+    media.mkdir()
+    (media / "ok.png").write_bytes(_png())
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.png").write_bytes(_png(1))
+    return media
+
+
+def _refused(item: Any, options: MediaOptions | None = None) -> MediaItemError:
+    """Parse ``item`` as an image and return the error, once a good item has been seen to parse
+    with the same options after it."""
+    with pytest.raises(MediaItemError) as info:
+        parse_mm_data({"image": [item]}, media=options)
+    assert (info.value.modality, info.value.index) == ("image", 0)
+    good = np.zeros((12, 16, 3), np.uint8)  # within every limit the tests set
+    assert parse_mm_data({"image": good}, media=options)["image"][0].size == (16, 12)
+    return info.value
+
+
+def test_a_file_inside_the_allowed_directory_is_read(root: Path) -> None:
+    options = MediaOptions(allowed_paths=[root])
+    for form in [root / "ok.png", str(root / "ok.png"), str(root / "sub" / ".." / "ok.png")]:
+        assert parse_mm_data({"image": form}, media=options)["image"][0].size == (16, 12)
+
+
+def test_a_path_outside_the_allowed_directory_is_refused(root: Path) -> None:
+    secret = root.parent / "outside" / "secret.png"
+    err = _refused(secret, MediaOptions(allowed_paths=[root]))
+    assert err.reason == (
+        f"{str(secret)!r} is outside the allowed media directories "
+        "(MediaOptions.allowed_paths; symlinks and '..' are resolved first)"
+    )
+
+
+def test_escaping_by_dot_dot_is_refused(root: Path) -> None:
+    err = _refused(f"{root}/../outside/secret.png", MediaOptions(allowed_paths=[root]))
+    assert "outside the allowed media directories" in err.reason
+
+
+def test_escaping_by_a_symlink_is_refused(root: Path) -> None:
+    (root / "innocent.png").symlink_to(root.parent / "outside" / "secret.png")
+    (root / "door").symlink_to(root.parent / "outside")
+    options = MediaOptions(allowed_paths=[root])
+    assert "outside the allowed" in _refused(root / "innocent.png", options).reason
+    assert "outside the allowed" in _refused(root / "door" / "secret.png", options).reason
+
+
+def test_a_symlink_that_stays_inside_is_followed(root: Path) -> None:
+    (root / "alias.png").symlink_to(root / "ok.png")
+    options = MediaOptions(allowed_paths=[root])
+    assert parse_mm_data({"image": root / "alias.png"}, media=options)["image"][0].size == (16, 12)
+
+
+def test_an_allowed_directory_given_through_a_symlink_still_contains_its_files(
+    root: Path,
+) -> None:
+    (root.parent / "link").symlink_to(root)
+    options = MediaOptions(allowed_paths=[root.parent / "link"])
+    assert parse_mm_data({"image": root / "ok.png"}, media=options)["image"][0].size == (16, 12)
+
+
+def test_no_allowed_directories_refuse_every_path(root: Path) -> None:
+    err = _refused(root / "ok.png", MediaOptions(allowed_paths=()))
+    assert "local file paths are not accepted here" in err.reason
+    assert "MediaOptions.allowed_paths is empty" in err.reason
+
+
+def test_the_environment_variable_confines_paths(root: Path) -> None:
+    allowed = from_env({ALLOWED_MEDIA_PATHS_ENV: str(root)})
+    options = MediaOptions(allowed_paths=allowed)
+    assert parse_mm_data({"image": root / "ok.png"}, media=options)["image"]
+    assert "outside the allowed" in _refused(root.parent / "outside" / "secret.png", options).reason
+    everything_refused = MediaOptions(allowed_paths=from_env({ALLOWED_MEDIA_PATHS_ENV: ""}))
+    assert "not accepted here" in _refused(root / "ok.png", everything_refused).reason
+
+
+def test_by_default_any_path_is_read(root: Path) -> None:
+    secret = root.parent / "outside" / "secret.png"
+    assert parse_mm_data({"image": secret})["image"][0].size == (16, 12)
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_devices_are_refused_before_reading(device: str) -> None:
+    # Without the check, reading /dev/zero runs until memory does.
+    err = _refused(device, MediaOptions(limits=MediaLimits(max_item_bytes=None)))
+    assert err.reason == f"{device!r} is a character device, not a regular file"
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    outcome: list[BaseException | None] = []
+
+    def parse() -> None:
+        try:
+            parse_mm_data({"image": fifo})
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=parse, daemon=True)
+    reader.start()
+    reader.join(HANG_GUARD_S)
+    assert outcome, "parse_mm_data blocked on a FIFO"
+    assert isinstance(outcome[0], MediaItemError)
+    assert outcome[0].reason == f"{str(fifo)!r} is a FIFO, not a regular file"
+    assert parse_mm_data({"image": _png()})["image"]
+
+
+def test_a_socket_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        err = _refused(path)
+    assert err.reason.startswith(f"cannot open {str(path)!r}: ")
+
+
+def test_a_directory_is_refused(root: Path) -> None:
+    assert _refused(root).reason == f"{str(root)!r} is a directory, not a file"
+
+
+def test_a_missing_file_is_named(root: Path) -> None:
+    assert _refused(root / "nope.png").reason == f"no such file: {str(root / 'nope.png')!r}"
+
+
+def test_a_file_over_the_byte_limit_is_refused(root: Path) -> None:
+    size = (root / "ok.png").stat().st_size
+    limits = MediaLimits(max_item_bytes=size - 1)
+    err = _refused(root / "ok.png", MediaOptions(limits=limits))
+    assert err.reason == (
+        f"{str(root / 'ok.png')!r} has {size:,} bytes, over the limit of {size - 1:,} bytes "
+        "(MediaLimits.max_item_bytes)"
+    )
+    exact = MediaOptions(limits=MediaLimits(max_item_bytes=size))
+    assert parse_mm_data({"image": root / "ok.png"}, media=exact)["image"]
+
+
+def test_a_proc_file_that_claims_no_size_is_still_cut_at_the_limit() -> None:
+    # /proc files report a size of 0 and yield more: the limit holds while reading.
+    err = _refused("/proc/self/maps", MediaOptions(limits=MediaLimits(max_item_bytes=64)))
+    assert (
+        err.reason
+        == "'/proc/self/maps' has more than 64 bytes, the limit (MediaLimits.max_item_bytes)"
+    )
+
+
+def test_a_read_slower_than_the_time_limit_is_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.png"
+    big.write_bytes(_png() + bytes(3 << 20))  # several chunks to read
+    limits = MediaLimits(read_timeout_s=1e-9)
+    err = _refused(big, MediaOptions(limits=limits))
+    assert err.reason == (
+        f"reading {str(big)!r} took longer than the limit of 1e-09 s (MediaLimits.read_timeout_s)"
+    )
+
+
+def test_bytes_over_the_limit_are_refused() -> None:
+    png = _png()
+    err = _refused(png, MediaOptions(limits=MediaLimits(max_item_bytes=100)))
+    assert err.reason == (
+        f"the item has {len(png):,} bytes, over the limit of 100 bytes (MediaLimits.max_item_bytes)"
+    )
+
+
+def test_a_data_url_over_the_limit_is_refused_before_decoding() -> None:
+    url = "data:image/png;base64," + base64.b64encode(_png()).decode()
+    err = _refused(url, MediaOptions(limits=MediaLimits(max_item_bytes=100)))
+    assert err.reason.startswith("the data: URL has ")
+    assert err.reason.endswith("over the limit of 100 bytes (MediaLimits.max_item_bytes)")
+
+
+def test_data_url_media_types_follow_the_modality() -> None:
+    def url(media_type: str) -> str:
+        return f"data:{media_type};base64," + base64.b64encode(b"\x00" * 16).decode()
+
+    with pytest.raises(MediaItemError, match=r"media type 'image/png' is not video/\*"):
+        parse_mm_data({"video": url("image/png")})
+    with pytest.raises(MediaItemError, match=r"'image/png' is not audio/\* or video/\*"):
+        parse_mm_data({"audio": url("image/png")})
+    with pytest.raises(MediaItemError, match=r"'audio/wav' is not image/\*"):
+        parse_mm_data({"image": url("audio/wav")})
+
+
+def test_a_path_with_a_nul_character_is_refused() -> None:
+    assert _refused("ok\x00.png").reason == "file path contains a NUL character"
