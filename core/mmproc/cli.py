@@ -1,9 +1,11 @@
 """The ``mmproc`` command line.
 
-``mmproc plugins [--json]`` lists plugins; ``mmproc which ARCH_OR_FOLDER [--check]`` says which
-plugin and class serve an architecture; ``mmproc demo [--model FOLDER|demo:NAME]`` runs the main
-job end to end on a model (a plugin's demo model by default); ``mmproc bench`` measures
-preprocessing latency and throughput.
+``mmproc plugins [--json] [--strict]`` lists plugins; ``mmproc which ARCH_OR_FOLDER [--check]``
+says which plugin and class serve an architecture (and with a folder and ``--check``, runs a
+request through the processor); ``mmproc demo [--model FOLDER|demo:NAME]`` runs the main job end
+to end on a model (a plugin's demo model by default); ``mmproc bench`` measures preprocessing
+latency and throughput; ``mmproc new-plugin NAME --architecture ARCH`` writes a plugin to start
+from.
 Listing plugins imports no model class and no transformers: it only reads entry points and runs
 the plugins' light registration modules.
 """
@@ -15,6 +17,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mmproc.errors import MmprocError
@@ -23,15 +26,20 @@ __all__ = ["main"]
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from mmproc.registry import get_registry
+    from mmproc.registry import PluginStatus, get_registry
 
     infos = get_registry().plugins()
+    broken = [i for i in infos if i.status in (PluginStatus.FAILED, PluginStatus.INCOMPATIBLE)]
+    status = 1 if args.strict and broken else 0
+    if args.strict and broken:
+        for info in broken:
+            print(f"mmproc: plugin {info.name} is {info.status}: {info.error}", file=sys.stderr)
     if args.json:
         print(json.dumps([info.to_dict() for info in infos], indent=2))
-        return 0
+        return status
     if not infos:
         print("no mmproc plugins installed")
-        return 0
+        return status
     for info in infos:
         dist = f"{info.distribution} {info.version}" if info.distribution else "(in-process)"
         print(f"{info.name}  [{info.status}]  {dist}")
@@ -45,7 +53,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             )
         if info.error:
             print(f"    error: {info.error}")
-    return 0
+    return status
 
 
 def _cmd_which(args: argparse.Namespace) -> int:
@@ -65,17 +73,37 @@ def _cmd_which(args: argparse.Namespace) -> int:
         "version": info.version,
         "class": ref.target,
     }
+    problems: list[str] = []
     if args.check:
         from mmproc.model_hooks import load_model_hooks
 
         load_model_hooks(ref)
-        record["checked"] = True
+        record["checked"] = "hooks"
+        if os.path.isdir(target):
+            from mmproc.check import check_model_folder
+
+            results = check_model_folder(Path(target))
+            record["checked"] = "hooks and one request per modality"
+            record["requests"] = {modality: problem or "ok" for modality, problem in results}
+            problems = [f"{modality}: {problem}" for modality, problem in results if problem]
     if args.json:
         print(json.dumps(record, indent=2))
     else:
         dist = f"{info.distribution} {info.version}" if info.distribution else "in-process"
-        checked = " (hooks checked)" if args.check else ""
+        checked = f" ({record['checked']} checked)" if args.check else ""
         print(f"{ref.architecture}: plugin {ref.plugin} ({dist}), class {ref.target}{checked}")
+        for modality, outcome in record.get("requests", {}).items():
+            said = "ok (the cached path, HF expansion and HF agree)" if outcome == "ok" else outcome
+            print(f"    {modality}: {said}")
+    return 1 if problems else 0
+
+
+def _cmd_new_plugin(args: argparse.Namespace) -> int:
+    from mmproc.scaffold import write_plugin
+
+    folder = write_plugin(args.name, args.architecture, args.path)
+    print(f"wrote {folder}: plugin {args.name!r} serving {args.architecture}")
+    print(f"next: pip install -e '{folder}[test]' && pytest {folder}")
     return 0
 
 
@@ -100,11 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="list installed plugins and their status")
     plugins.add_argument("--json", action="store_true", help="print a JSON array")
+    plugins.add_argument(
+        "--strict", action="store_true", help="exit 1 when a plugin failed or is incompatible"
+    )
     plugins.set_defaults(run=_cmd_plugins)
 
     which = sub.add_parser("which", help="which plugin and class serve an architecture")
     which.add_argument("architecture", help="architecture name or local model folder")
-    which.add_argument("--check", action="store_true", help="import the class and check its hooks")
+    which.add_argument(
+        "--check",
+        action="store_true",
+        help="check the class's hooks; for a folder, also run a request through the processor",
+    )
     which.add_argument("--json", action="store_true", help="print a JSON object")
     which.set_defaults(run=_cmd_which)
 
@@ -113,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="preprocess, ship and normalise requests on a demo model")
     add_arguments(demo)
     demo.set_defaults(run=_cmd_demo)
+
+    new_plugin = sub.add_parser("new-plugin", help="write a plugin distribution to start from")
+    new_plugin.add_argument("name", help="plugin name: lower case letters, digits and '_'")
+    new_plugin.add_argument("--architecture", required=True, help="architecture it serves")
+    new_plugin.add_argument(
+        "--path", default=None, help="folder to write (default ./mmproc-<name>)"
+    )
+    new_plugin.set_defaults(run=_cmd_new_plugin)
 
     from mmproc.bench import add_arguments as add_bench_arguments
 

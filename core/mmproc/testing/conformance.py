@@ -22,6 +22,7 @@ __all__ = [
     "assert_bf16_close",
     "assert_matches_hf",
     "describe_prompt_difference",
+    "placeholder_token",
     "token_runs",
 ]
 
@@ -42,6 +43,21 @@ def token_runs(ids: Sequence[int], token_id: int) -> list[tuple[int, int]]:
         runs.append((i, j - i))
         i = j
     return runs
+
+
+def placeholder_token(out: ProcessedInputs, modality: str) -> int | None:
+    """The token a modality's items expand to in ``out``: the most common token at the embedding
+    positions of their placeholder ranges (None without such items)."""
+    counts: dict[int, int] = {}
+    for feature in out.features:
+        if feature.modality != modality:
+            continue
+        r = feature.placeholder
+        for position, embeds in enumerate(r.embed_mask(), r.offset):
+            if embeds:
+                token = out.prompt_token_ids[position]
+                counts[token] = counts.get(token, 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def describe_prompt_difference(
@@ -98,8 +114,9 @@ def assert_matches_hf(
         out: mmproc's result.
         hf_outputs: the HF processor's outputs for the same prompt and media (batch of one).
         fields: the model's field specs (``get_mm_fields``): how each output joins across items.
-        placeholder_token_ids: modality -> the token its placeholder expands to; each item's
-            placeholder range must be exactly one run of that token in the prompt.
+        placeholder_token_ids: modality -> the token its placeholder expands to; the
+            embedding positions of the items' ranges must be exactly the positions of that token
+            in the prompt.
         normalised: ``True``: every feature carries a norm spec (device normalisation);
             ``False``: none does; ``None``: not checked. Either way, outputs a feature's spec
             names must be uint8 whose ``FusedInputNorm`` is within ``atol`` of HF's floats (bf16
@@ -120,10 +137,20 @@ def assert_matches_hf(
         assert [f.item_index for f in features] == list(range(len(features))), (
             f"{where}{modality} item indices"
         )
-        ranges = [(f.placeholder.offset, f.placeholder.length) for f in features]
-        assert ranges == token_runs(ids, token_id), (
-            f"{where}{modality} placeholder ranges {ranges} are not the runs of token "
-            f"{token_id} in the prompt, {token_runs(ids, token_id)}: check get_prompt_updates"
+        # Each range's embedding positions hold the placeholder token, and together they are
+        # every occurrence of it (a range may also hold non-embedding start / end tokens).
+        embedded = [
+            offset
+            for f in features
+            for offset, embeds in enumerate(f.placeholder.embed_mask(), f.placeholder.offset)
+            if embeds
+        ]
+        occurrences = [i for i, token in enumerate(ids) if token == token_id]
+        assert embedded == occurrences, (
+            f"{where}{modality} placeholder ranges "
+            f"{[(f.placeholder.offset, f.placeholder.length) for f in features]} do not cover "
+            f"exactly the {len(occurrences)} positions of token {token_id} in the prompt (runs "
+            f"{token_runs(ids, token_id)}): check get_prompt_updates"
         )
     if normalised is not None:
         for feature in out.features:

@@ -84,10 +84,12 @@ def links_to_original(original: Any, clone: Any, *, name: str = "processor") -> 
                     value = cell.cell_contents
                 except ValueError:  # an empty cell
                     continue
-                if id(value) in originals:
+                # A captured bound method reaches the original through its __self__.
+                held = value.__self__ if isinstance(value, types.MethodType) else value
+                if id(held) in originals:
                     findings.append(
                         f"{path} ({function.__qualname__}) is a closure over the original "
-                        f"{type(value).__name__}: bind it with types.MethodType so that "
+                        f"{type(held).__name__}: bind it with types.MethodType so that "
                         "copy.deepcopy rebinds it to each copy"
                     )
     return findings

@@ -1,0 +1,90 @@
+"""``mmproc which FOLDER --check``: load a model's processor and run one request through it.
+
+Beyond the class checks done at lookup (hooks marked, named and declared as the specs say), the
+check builds the processor from the folder and, for every modality the model takes, sends one
+request of two demo items through the cached path, the HF-expansion path and the HF processor
+called directly. The first difference is reported with the hook to look at; agreement is one
+line per modality.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mmproc.defaults import HF_MODALITY_KWARGS
+from mmproc.processor import ProcessedInputs
+
+__all__ = ["check_model_folder"]
+
+
+def _differences(a: ProcessedInputs, b: ProcessedInputs) -> str | None:
+    if a.prompt_token_ids != b.prompt_token_ids:
+        first = next(
+            (i for i, (x, y) in enumerate(zip(a.prompt_token_ids, b.prompt_token_ids)) if x != y),
+            min(len(a.prompt_token_ids), len(b.prompt_token_ids)),
+        )
+        return (
+            f"prompt ids differ from position {first} (lengths {len(a.prompt_token_ids)} and "
+            f"{len(b.prompt_token_ids)}): check get_prompt_updates and get_dummy_text"
+        )
+    ranges_a = [(f.modality, f.placeholder) for f in a.features]
+    ranges_b = [(f.modality, f.placeholder) for f in b.features]
+    if ranges_a != ranges_b:
+        return "placeholder ranges differ: check get_prompt_updates"
+    return None
+
+
+def _call_hf(hf: Any, prompt: str, modality: str, items: list[Any]) -> Mapping[str, Any]:
+    kwargs: dict[str, Any] = {"text": [prompt], "return_tensors": "pt"}
+    if modality == "audio":
+        kwargs["audio"] = [waveform for waveform, _ in items]
+        kwargs["sampling_rate"] = items[0][1]
+    else:
+        kwargs[HF_MODALITY_KWARGS[modality]] = items
+    return hf(**kwargs)
+
+
+def check_model_folder(folder: Path, **options: Any) -> list[tuple[str, str | None]]:
+    """``(modality, problem or None)`` for each modality the model in ``folder`` takes."""
+    import torch
+
+    from mmproc.demo import demo_item
+    from mmproc.factory import get_processor
+    from mmproc.testing.conformance import assert_matches_hf, placeholder_token
+
+    results: list[tuple[str, str | None]] = []
+    with (
+        get_processor(folder, warm_up=False, workers=1, **options) as cached,
+        get_processor(
+            folder, warm_up=False, workers=1, hf_prompt_expansion=True, **options
+        ) as expanding,
+    ):
+        for modality in cached.modalities:
+            items = [demo_item(modality, seed) for seed in (0, 1)]
+            placeholders = cached.model.get_dummy_text(cached.ctx, {modality: 2})
+            prompt = f"Compare {placeholders} please."
+            mm_data = {modality: items}
+            problem = _differences(
+                cached.process(prompt, mm_data), expanding.process(prompt, mm_data)
+            )
+            if problem is not None:
+                results.append((modality, f"cached and HF-expansion paths: {problem}"))
+                continue
+            out = cached.process(prompt, mm_data)
+            reference = _call_hf(cached.hf_processor, prompt, modality, items)
+            token = placeholder_token(out, modality)
+            try:
+                assert_matches_hf(
+                    out,
+                    {k: torch.as_tensor(v) for k, v in reference.items()},
+                    fields=cached.model.get_mm_fields(cached.ctx, reference),
+                    placeholder_token_ids={} if token is None else {modality: token},
+                    atol=1e-5,
+                )
+            except AssertionError as exc:
+                results.append((modality, f"against the HF processor called directly: {exc}"))
+                continue
+            results.append((modality, None))
+    return results
