@@ -105,6 +105,15 @@ def install(sources: list[Path], site: Path) -> None:
     )
 
 
+def run_mmproc(code: str, site: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter that sees the wheels installed in ``site``."""
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("MMPROC_PLUGINS", None)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
 def run_pytest(tests: Path, site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     """pytest on ``tests`` in a fresh interpreter that sees the wheels installed in ``site``."""
     env = {**os.environ, "PYTHONPATH": str(site)}
@@ -152,6 +161,16 @@ def test_the_conformance_suite_names_the_problem_of_each_broken_plugin(tmp_path:
     )
     result = run_pytest(tests, tmp_path / "site", cwd=tmp_path)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    # `mmproc which FOLDER --check` runs a request and reports the count one off too.
+    check = run_mmproc(
+        "import sys; from mmproc.registry import get_registry; from mmproc.cli import main; "
+        f"folder = get_registry().demo_model('kit-count').write({str(tmp_path / 'count')!r}); "
+        "sys.exit(main(['which', str(folder), '--check']))",
+        tmp_path / "site",
+    )
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "image: against the HF processor called directly" in check.stdout
+    assert "image placeholder tokens (" in check.stdout and "get_prompt_updates" in check.stdout
     failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
     for name, (_, test, message) in FLAWS.items():
         mine = [line for line in failed if f"Test_{name}::" in line]
@@ -171,3 +190,13 @@ def test_new_plugin_refuses_bad_names_and_a_used_folder(tmp_path: Path) -> None:
     (tmp_path / "c" / "file").write_text("x")
     with pytest.raises(ConfigurationError, match="exists and is not an empty folder"):
         write_plugin("ok", ARCH, tmp_path / "c")
+
+
+def test_which_check_runs_a_request_per_modality_through_both_paths_and_hf(
+    qwen_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["which", str(qwen_folder), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "(hooks and one request per modality checked)" in out
+    assert "image: ok (the cached path, HF expansion and HF agree)" in out
+    assert "video: ok (the cached path, HF expansion and HF agree)" in out

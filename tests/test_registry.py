@@ -363,3 +363,20 @@ def test_importing_mmproc_is_light() -> None:
         check=True,
     )
     assert result.stdout.strip() == "True"
+
+
+def test_plugins_strict_exits_non_zero_listing_every_plugin_that_failed(plugin_site: Path) -> None:
+    lenient = run_cli(plugin_site, "plugins")
+    assert lenient.returncode == 0
+    strict = run_cli(plugin_site, "plugins", "--strict")
+    assert strict.returncode == 1
+    for line in (
+        "mmproc: plugin broken is failed: ",
+        "mmproc: plugin halfway is failed: ",
+        "mmproc: plugin future is incompatible: ",
+    ):
+        assert line in strict.stderr
+    assert "plugin good" not in strict.stderr
+    assert "good  [loaded]" in strict.stdout  # the listing itself is the same
+    only_good = run_cli(plugin_site, "plugins", "--strict", env={"MMPROC_PLUGINS": "good"})
+    assert only_good.returncode == 0 and only_good.stderr == ""

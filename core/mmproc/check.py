@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mmproc.defaults import HF_MODALITY_KWARGS
-from mmproc.processor import ProcessedInputs
+from mmproc.errors import MmprocError
+from mmproc.processor import ProcessedInputs, Processor
 
 __all__ = ["check_model_folder"]
 
@@ -36,23 +36,45 @@ def _differences(a: ProcessedInputs, b: ProcessedInputs) -> str | None:
     return None
 
 
-def _call_hf(hf: Any, prompt: str, modality: str, items: list[Any]) -> Mapping[str, Any]:
-    kwargs: dict[str, Any] = {"text": [prompt], "return_tensors": "pt"}
-    if modality == "audio":
-        kwargs["audio"] = [waveform for waveform, _ in items]
-        kwargs["sampling_rate"] = items[0][1]
-    else:
-        kwargs[HF_MODALITY_KWARGS[modality]] = items
-    return hf(**kwargs)
+def _first_problem(
+    cached: Processor, expanding: Processor, prompt: str, mm_data: Mapping[str, list[Any]]
+) -> str | None:
+    """The first way a request differs between the cached path, the HF processor called
+    directly and the HF-expansion path, or None."""
+    import torch
+
+    from mmproc.testing.conformance import assert_matches_hf, placeholder_token
+    from mmproc.testing.media import call_hf_processor
+
+    ((modality, _),) = mm_data.items()
+    try:
+        out = cached.process(prompt, mm_data)
+    except MmprocError as exc:
+        return f"the cached path fails: {exc}"
+    reference = call_hf_processor(cached.hf_processor, prompt, mm_data)
+    token = placeholder_token(out, modality)
+    try:
+        assert_matches_hf(
+            out,
+            {k: torch.as_tensor(v) for k, v in reference.items()},
+            fields=cached.model.get_mm_fields(cached.ctx, reference),
+            placeholder_token_ids={} if token is None else {modality: token},
+            atol=1e-5,
+        )
+    except AssertionError as exc:
+        return f"against the HF processor called directly: {exc}"
+    try:
+        expanded = expanding.process(prompt, mm_data)
+    except MmprocError as exc:
+        return f"the HF-expansion path fails: {exc}: check get_prompt_updates"
+    problem = _differences(out, expanded)
+    return None if problem is None else f"cached and HF-expansion paths: {problem}"
 
 
 def check_model_folder(folder: Path, **options: Any) -> list[tuple[str, str | None]]:
     """``(modality, problem or None)`` for each modality the model in ``folder`` takes."""
-    import torch
-
     from mmproc.demo import demo_item
     from mmproc.factory import get_processor
-    from mmproc.testing.conformance import assert_matches_hf, placeholder_token
 
     results: list[tuple[str, str | None]] = []
     with (
@@ -66,25 +88,5 @@ def check_model_folder(folder: Path, **options: Any) -> list[tuple[str, str | No
             placeholders = cached.model.get_dummy_text(cached.ctx, {modality: 2})
             prompt = f"Compare {placeholders} please."
             mm_data = {modality: items}
-            problem = _differences(
-                cached.process(prompt, mm_data), expanding.process(prompt, mm_data)
-            )
-            if problem is not None:
-                results.append((modality, f"cached and HF-expansion paths: {problem}"))
-                continue
-            out = cached.process(prompt, mm_data)
-            reference = _call_hf(cached.hf_processor, prompt, modality, items)
-            token = placeholder_token(out, modality)
-            try:
-                assert_matches_hf(
-                    out,
-                    {k: torch.as_tensor(v) for k, v in reference.items()},
-                    fields=cached.model.get_mm_fields(cached.ctx, reference),
-                    placeholder_token_ids={} if token is None else {modality: token},
-                    atol=1e-5,
-                )
-            except AssertionError as exc:
-                results.append((modality, f"against the HF processor called directly: {exc}"))
-                continue
-            results.append((modality, None))
+            results.append((modality, _first_problem(cached, expanding, prompt, mm_data)))
     return results

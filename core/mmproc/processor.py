@@ -34,7 +34,13 @@ from mmproc.cache import CachedItem, ProcessorCache
 from mmproc.cache_keys import CacheKeys, check_mm_uuids
 from mmproc.context import ModelContext, ProcessingMode
 from mmproc.device_normalization import DeviceNormalization
-from mmproc.errors import FieldSpecError, MediaItemError, MmprocError, ProcessingError
+from mmproc.errors import (
+    FieldSpecError,
+    MediaItemError,
+    MmprocError,
+    ProcessingError,
+    PromptUpdateError,
+)
 from mmproc.executor import (
     ProcessorPool,
     create_io_pool,
@@ -348,7 +354,16 @@ class Processor:
         }
         if expanded_ids is not None:
             prompt_ids = expanded_ids
-            placeholders = find_resolved_ranges(prompt_ids, resolved, tokenizer)
+            try:
+                placeholders = find_resolved_ranges(prompt_ids, resolved, tokenizer)
+            except PromptUpdateError as exc:
+                raise PromptUpdateError(
+                    f"{exc}: the HF processor expanded the prompt, and not as the plugin's "
+                    f"prompt updates say ({self.ctx.architecture}, plugin {self.ctx.plugin!r}: "
+                    "check its get_prompt_updates hook)",
+                    modality=exc.modality,
+                    item_index=exc.item_index,
+                ) from exc
         else:
             if isinstance(request.prompt, str):
                 ids: list[int] = list(tokenizer(request.prompt)["input_ids"])

@@ -18,7 +18,7 @@ What it checks, each failure naming the hook to fix:
 * prompts of 0 to 3 items, as text and as token ids, give what the HF processor called directly
   gives: prompt ids (a difference is reported with both placeholder counts and the first
   differing position), per-item tensors, placeholder ranges (``get_prompt_updates``,
-  ``process_mm_data``); items of odd sizes too;
+  ``process_mm_data``); items of odd sizes and, for images, of every Pillow mode too;
 * the HF-expansion path and the cached path give identical results (``get_prompt_updates``,
   ``get_dummy_text``); a cache hit gives what the miss gave;
 * device normalisation on and off agree (``device_norm_spec``), when the plugin offers it;
@@ -38,66 +38,31 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import pytest
 import torch
 
 from mmproc.context import ProcessingMode
-from mmproc.defaults import HF_MODALITY_KWARGS
 from mmproc.factory import get_processor
 from mmproc.fused_norm import FusedInputNorm
+from mmproc.inputs import parse_mm_data
 from mmproc.model_hooks import load_model_hooks
 from mmproc.processor import ProcessedInputs, Processor
 from mmproc.registry import ENTRY_POINT_GROUP, Registry
 from mmproc.testing.conformance import assert_matches_hf, placeholder_token
+from mmproc.testing.media import call_hf_processor, media_items, noise_image
 from mmproc.testing.probes import heavy_imports, links_to_original, poisoned
 
-__all__ = ["PluginConformance", "isolated_registry", "media_items"]
+__all__ = ["PluginConformance", "isolated_registry"]
 
 
 def isolated_registry(plugin: str) -> Registry:
     """A registry that loads the installed plugin ``plugin`` and no other (strict: a plugin that
     fails to load raises with its error)."""
     return Registry(environ={"MMPROC_PLUGINS": plugin}, strict=True)
-
-
-def media_items(modality: str, count: int, *, seed: int, sizes: Sequence[tuple[int, int]]) -> list:
-    """``count`` synthetic items of ``modality``: smooth pictures, short clips, tones."""
-    rng = np.random.default_rng(seed)
-    items: list[Any] = []
-    for index in range(count):
-        width, height = sizes[(seed + index) % len(sizes)]
-        if modality == "audio":
-            seconds = 0.5 + 0.5 * ((seed + index) % 4)
-            t = np.arange(int(16000 * seconds), dtype=np.float32) / 16000
-            tone = 0.3 * np.sin(2 * np.pi * (200 + 40 * index + 7 * seed) * t)
-            items.append((tone.astype(np.float32), 16000))
-            continue
-        frames = 4 if modality == "video" else 1
-        base = rng.integers(0, 256, (frames, height // 4 + 2, width // 4 + 2, 3), dtype=np.uint8)
-        # Upsampled noise: structure a resize treats like a photo's, not white noise.
-        smooth = base.repeat(4, axis=1).repeat(4, axis=2)[:, :height, :width]
-        if modality == "video":
-            items.append(np.ascontiguousarray(smooth))
-        else:
-            from PIL import Image
-
-            items.append(Image.fromarray(np.ascontiguousarray(smooth[0])))
-    return items
-
-
-def _call_hf(hf: Any, prompt: str, modality: str, items: list[Any]) -> Mapping[str, Any]:
-    kwargs: dict[str, Any] = {"text": [prompt], "return_tensors": "pt"}
-    if items and modality == "audio":
-        kwargs["audio"] = [waveform for waveform, _ in items]
-        kwargs["sampling_rate"] = items[0][1]
-    elif items:
-        kwargs[HF_MODALITY_KWARGS[modality]] = items
-    return hf(**kwargs)
 
 
 def _assert_same(a: ProcessedInputs, b: ProcessedInputs, what: str, hooks: str) -> None:
@@ -181,7 +146,7 @@ class PluginConformance:
         hf = processor.hf_processor
         given: Any = hf.tokenizer(prompt)["input_ids"] if as_ids else prompt
         out = processor.process(given, {self.modality: items} if items else None)
-        reference = _call_hf(hf, prompt, self.modality, items)
+        reference = call_hf_processor(hf, prompt, {self.modality: items})
         token = placeholder_token(out, self.modality)
         assert_matches_hf(
             out,
@@ -214,7 +179,8 @@ class PluginConformance:
 
     def test_every_output_has_a_field(self, processor: Processor) -> None:
         items = self.items(2, seed=1)
-        outputs = _call_hf(processor.hf_processor, self.prompt(processor, 2), self.modality, items)
+        prompt = self.prompt(processor, 2)
+        outputs = call_hf_processor(processor.hf_processor, prompt, {self.modality: items})
         fields = processor.model.get_mm_fields(processor.ctx, outputs)
         from mmproc.fields import DEFAULT_IGNORED_KEYS
 
@@ -251,6 +217,16 @@ class PluginConformance:
             f"HF-expansion and cached paths for an item of {size}",
             "get_prompt_updates and get_dummy_text",
         )
+
+    @pytest.mark.parametrize("mode", ["L", "LA", "RGBA", "P", "P+transparency", "1", "CMYK"])
+    def test_every_image_mode_matches_the_hf_processor(
+        self, processor: Processor, mode: str
+    ) -> None:
+        if self.modality != "image" or not self.compare_with_hf:
+            pytest.skip("image modes: for image models whose reference is the HF processor")
+        images = [noise_image(w, h, mode, seed=90 + i) for i, (w, h) in enumerate(self.sizes[:2])]
+        prompt = self.prompt(processor, len(images))
+        self.check_against_hf(processor, prompt, images, as_ids=False, context=f"{mode} images")
 
     @pytest.mark.parametrize("count", [1, 2, 3])
     def test_the_hf_expansion_and_cached_paths_agree(
@@ -354,7 +330,8 @@ class PluginConformance:
         with self.open(mmproc_registry, model_folder, warm_up=False) as processor:
             hooks, ctx = processor.model, processor.ctx
             clone = copy.deepcopy(processor.hf_processor)
-            items = {self.modality: self.items(1, seed=70)}
+            # What the pool hands the hook: parsed items (mmproc.inputs), not the caller's.
+            items = parse_mm_data({self.modality: self.items(1, seed=70)}, media=processor.media)
             text = hooks.get_dummy_text(ctx, {self.modality: 1})
             # Both modes the pool uses: a plugin's own fast path may serve only one of them.
             for raw in {False, processor.norm_spec is not None}:
@@ -363,6 +340,28 @@ class PluginConformance:
                 with poisoned(processor.hf_processor, hooks.model_object, what="a stored one"):
                     outputs = hooks.process_mm_data(ctx, mode, text, items, clone, kwargs)
                 assert outputs, "process_mm_data returned nothing"
+
+    def test_the_pool_follows_the_path_rules(
+        self, mmproc_registry: Registry, model_folder: Path, monkeypatch: Any
+    ) -> None:
+        from mmproc.executor import PreprocessingPath
+
+        monkeypatch.delenv("MMPROC_WORKERS", raising=False)  # the defaults are under test
+        with self.open(mmproc_registry, model_folder, warm_up=False) as cpu:
+            hooks, ctx = cpu.model, cpu.ctx
+            concurrent = hooks.supports_concurrency(ctx)
+            hint = hooks.worker_count_hint(ctx, PreprocessingPath.CPU)
+            default = (hint or 2) if concurrent else 1
+            assert (cpu.path, cpu.workers) == (PreprocessingPath.CPU, default), (
+                f"on the CPU path the model gets {cpu.workers} workers, not {default} (2, or "
+                "its worker_count_hint; 1 without supports_concurrency)"
+            )
+        # Building (not running) a processor for a GPU needs no GPU.
+        with self.open(mmproc_registry, model_folder, warm_up=False, device="cuda") as gpu:
+            if gpu.path is PreprocessingPath.DEVICE:
+                assert gpu.workers == 1, "preprocessing on the serving GPU gets one worker"
+        with self.open(mmproc_registry, model_folder, warm_up=False, workers=3) as three:
+            assert three.workers == (3 if concurrent else 1), "an explicit worker count wins"
 
     def test_two_workers_give_what_one_gives(
         self, mmproc_registry: Registry, model_folder: Path

@@ -12,20 +12,17 @@ of them must come within 1e-6 of transformers' float pixels; with it off they mu
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import mmproc
-import numpy as np
 import pytest
 import torch
 from mmproc.errors import ConfigurationError, MmprocError
-from mmproc.executor import PreprocessingPath, preprocessing_path, resolve_worker_count
 from mmproc.fields import BatchedField, FlatField
+from mmproc.testing import call_hf_processor, noise_image
 from mmproc.testing.conformance import assert_matches_hf
 from mmproc_paddleocr_vl.demo import write_paddleocr_vl_folder
 from PIL import Image
@@ -86,29 +83,11 @@ MODES = ["RGB", "L", "LA", "RGBA", "P", "P+transparency", "1", "CMYK"]
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def noise(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
-    """Random pixels in ``mode`` (every resampling weight shows in the output)."""
-    rng = np.random.default_rng(seed)
-    rgba = Image.fromarray(rng.integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA")
-    if mode == "P+transparency":  # a palette image whose index 3 is transparent, as GIFs have
-        image = rgba.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
-        image.info["transparency"] = 3
-        return image
-    return rgba if mode == "RGBA" else rgba.convert(mode)
-
-
 def build_reference(folder: Path, backend: str) -> Any:
     """transformers' processor for ``folder`` and ``backend``, built without the plugin."""
     reference = AutoProcessor.from_pretrained(folder, local_files_only=True, backend=backend)
     assert isinstance(reference.image_processor, IMAGE_PROCESSOR_CLASSES[backend])
     return reference
-
-
-def call_hf(reference: Any, prompt: str, images: Sequence[Any] = (), **kwargs: Any) -> Any:
-    """Call the transformers processor directly: it expands the placeholders itself."""
-    if images:
-        kwargs["images"] = list(images)
-    return reference(text=[prompt], return_tensors="pt", **kwargs)
 
 
 def assert_identical(
@@ -199,73 +178,12 @@ def test_every_size_and_mode_matches_hf(combo, mode: str) -> None:
     processor, reference, norm = combo
     assert (processor.norm_spec is not None) is norm
     for seed, (width, height) in enumerate(SIZES):
-        image = noise(width, height, mode, seed=1000 + seed)
+        image = noise_image(width, height, mode, seed=1000 + seed)
         prompt = f"OCR: {IMAGE}"
         out = processor.process(prompt, {"image": [image]})
-        hf = call_hf(reference, prompt, [image])
+        hf = call_hf_processor(reference, prompt, {"image": [image]})
         context = f"{width}x{height} {mode}"
         assert_identical(out, hf, reference.tokenizer, normalised=norm, context=context)
-
-
-def test_several_images_text_and_token_prompts_cache_hits_and_misses(combo) -> None:
-    processor, reference, norm = combo
-    a, b, c = noise(45, 80, seed=2000), noise(120, 30, "P", seed=2001), noise(20, 20, "RGBA", 2002)
-    d = noise(77, 33, "L", seed=2003)
-    messages = [
-        {
-            "role": "user",
-            "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "OCR:"}],
-        }
-    ]
-    chat = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ours = processor.hf_processor.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=False
-    )
-    assert ours == chat
-    # (prompt, images, as token ids?, async?, expected cache hits, expected misses)
-    requests: list[tuple[str, list[Image.Image], bool, bool, int, int]] = [
-        (chat, [a, b], False, False, 0, 2),
-        (f"one {IMAGE} two {IMAGE} three {IMAGE} end", [b, c, b], True, False, 2, 1),
-        (f"{IMAGE}{IMAGE}", [c, a], False, True, 2, 0),
-        (f"bare {PAD} and {PAD}, {IMAGE}", [a, a, c], True, True, 3, 0),
-        ("no images at all, just text", [], False, False, 0, 0),
-        (f"the same new image twice: {IMAGE}{IMAGE}", [d, d], False, False, 0, 2),
-        (f"{IMAGE} and {IMAGE}", [d, a], True, False, 2, 0),
-    ]
-    tokenizer = reference.tokenizer
-    for index, (prompt, images, as_ids, use_async, hits, misses) in enumerate(requests):
-        given: Any = tokenizer(prompt)["input_ids"] if as_ids else prompt
-        mm_data = {"image": images} if images else None
-        before = processor.cache.stats()
-        if use_async:
-            out = asyncio.run(processor.process_async(given, mm_data))
-        else:
-            out = processor.process(given, mm_data)
-        after = processor.cache.stats()
-        context = f"request {index}"
-        assert (after.hits - before.hits, after.misses - before.misses) == (hits, misses), context
-        hf = call_hf(reference, prompt, images)
-        assert_identical(out, hf, tokenizer, normalised=norm, context=context)
-
-
-def test_concurrent_requests_match_hf(combo) -> None:
-    """Requests in flight together, on both workers' processor clones, each match HF."""
-    processor, reference, norm = combo
-    assert processor.workers == 2
-    pool = [noise(20 + 9 * i, 90 - 7 * i, "RGB" if i % 2 else "P", seed=2100 + i) for i in range(5)]
-    requests = [
-        (f"request {i}: " + IMAGE * (1 + i % 3), [pool[(i + k) % 5] for k in range(1 + i % 3)])
-        for i in range(6)
-    ]
-
-    async def run_all() -> list[mmproc.ProcessedInputs]:
-        return await asyncio.gather(
-            *(processor.process_async(prompt, {"image": images}) for prompt, images in requests)
-        )
-
-    for index, ((prompt, images), out) in enumerate(zip(requests, asyncio.run(run_all()))):
-        hf = call_hf(reference, prompt, images)
-        assert_identical(out, hf, reference.tokenizer, normalised=norm, context=f"request {index}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -273,7 +191,7 @@ def test_per_request_hf_kwargs_match_hf_and_are_part_of_the_cache_key(
     processors, references, backend: str
 ) -> None:
     processor, reference = processors[(backend, True)], references[backend]
-    image = noise(1500, 1200, seed=2200)
+    image = noise_image(1500, 1200, seed=2200)
     prompt = f"{IMAGE} small"
     sizes = []
     smaller, smallest = (
@@ -283,7 +201,7 @@ def test_per_request_hf_kwargs_match_hf_and_are_part_of_the_cache_key(
     for hf_kwargs in ({}, smaller, smallest, {}):
         before = processor.cache.stats()
         out = processor.process(prompt, {"image": [image]}, hf_kwargs=hf_kwargs)
-        hf = call_hf(reference, prompt, [image], **hf_kwargs)
+        hf = call_hf_processor(reference, prompt, {"image": [image]}, **hf_kwargs)
         assert_identical(out, hf, reference.tokenizer, normalised=True, context=str(hf_kwargs))
         sizes.append(out.features[0].placeholder.length)
         hit = processor.cache.stats().hits - before.hits
@@ -293,12 +211,17 @@ def test_per_request_hf_kwargs_match_hf_and_are_part_of_the_cache_key(
 
 def test_a_bad_item_in_a_multi_image_request_fails_it_and_the_next_is_served(combo) -> None:
     processor, reference, norm = combo
-    good, wide = noise(40, 50, seed=3000), noise(2010, 10, seed=3001)  # 201:1
+    good, wide = noise_image(40, 50, seed=3000), noise_image(2010, 10, seed=3001)  # 201:1
     with pytest.raises(MmprocError, match="aspect ratio"):
         processor.process(f"{IMAGE}{IMAGE}", {"image": [good, wide]})
     prompt = f"{IMAGE} again"
     out = processor.process(prompt, {"image": [good]})
-    assert_identical(out, call_hf(reference, prompt, [good]), reference.tokenizer, normalised=norm)
+    assert_identical(
+        out,
+        call_hf_processor(reference, prompt, {"image": [good]}),
+        reference.tokenizer,
+        normalised=norm,
+    )
 
 
 @pytest.mark.parametrize("size", [(201, 1), (1, 201), (1000, 4), (3, 1000)])
@@ -306,23 +229,28 @@ def test_beyond_200_to_1_is_a_clear_error_and_the_processor_keeps_serving(combo,
     processor, reference, norm = combo
     width, height = size
     with pytest.raises(MmprocError, match="aspect ratio") as caught:
-        processor.process(IMAGE, {"image": [noise(width, height, seed=4000)]})
+        processor.process(IMAGE, {"image": [noise_image(width, height, seed=4000)]})
     assert "200" in str(caught.value)
     # transformers refuses the same image
     with pytest.raises(ValueError, match="aspect ratio"):
-        call_hf(reference, IMAGE, [noise(width, height, seed=4000)])
+        call_hf_processor(reference, IMAGE, {"image": [noise_image(width, height, seed=4000)]})
     # 200:1 exactly still works, and matches
-    ok = noise(*((200, 1) if width > height else (1, 200)), seed=4001)
+    ok = noise_image(*((200, 1) if width > height else (1, 200)), seed=4001)
     out = processor.process(IMAGE, {"image": [ok]})
-    assert_identical(out, call_hf(reference, IMAGE, [ok]), reference.tokenizer, normalised=norm)
+    assert_identical(
+        out,
+        call_hf_processor(reference, IMAGE, {"image": [ok]}),
+        reference.tokenizer,
+        normalised=norm,
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_large_4000x3000_image_matches_hf(processors, references, backend: str) -> None:
     processor, reference = processors[(backend, True)], references[backend]  # the defaults
-    image = noise(4000, 3000, seed=5000).convert("RGB")
+    image = noise_image(4000, 3000, seed=5000).convert("RGB")
     out = processor.process(f"OCR: {IMAGE}", {"image": [image]})
-    hf = call_hf(reference, f"OCR: {IMAGE}", [image])
+    hf = call_hf_processor(reference, f"OCR: {IMAGE}", {"image": [image]})
     assert_identical(out, hf, reference.tokenizer, normalised=True, bf16=False)
     # Brought down to max_pixels: the grid's area is at most 2822400 pixels.
     _, grid_h, grid_w = hf["image_grid_thw"][0].tolist()
@@ -332,11 +260,13 @@ def test_large_4000x3000_image_matches_hf(processors, references, backend: str) 
 
 def test_pixels_are_raw_uint8_with_device_normalisation(processors, references) -> None:
     """The uint8 patches are transformers' pixels with rescale and normalise off, exactly."""
-    images = [noise(90, 60, "RGBA", seed=6000), noise(17, 333, "L", seed=6001)]
+    images = [noise_image(90, 60, "RGBA", seed=6000), noise_image(17, 333, "L", seed=6001)]
     prompt = f"{IMAGE}{IMAGE}"
     for backend in BACKENDS:
         out = processors[(backend, True)].process(prompt, {"image": images})
-        raw = call_hf(references[backend], prompt, images, do_rescale=False, do_normalize=False)
+        raw = call_hf_processor(
+            references[backend], prompt, {"image": images}, do_rescale=False, do_normalize=False
+        )
         raw_pixels = raw["pixel_values"]
         assert torch.equal(raw_pixels.round(), raw_pixels)  # whole numbers
         pixels = torch.cat([f.data["pixel_values"] for f in out.features])
@@ -359,7 +289,7 @@ def test_folder_layouts_load_the_real_settings_and_match_hf(
         assert (path / "processor_config.json").is_file()
         assert not (path / "preprocessor_config.json").exists()
     reference = build_reference(path, backend)
-    images = [noise(70, 35, "LA", seed=9000), noise(500, 700, seed=9001)]
+    images = [noise_image(70, 35, "LA", seed=9000), noise_image(500, 700, seed=9001)]
     messages = [
         {
             "role": "user",
@@ -377,7 +307,7 @@ def test_folder_layouts_load_the_real_settings_and_match_hf(
         )
         assert ours == prompt
         out = processor.process(prompt, {"image": images})
-    hf = call_hf(reference, prompt, images)
+    hf = call_hf_processor(reference, prompt, {"image": images})
     assert_identical(out, hf, reference.tokenizer, normalised=True)
 
 
@@ -397,39 +327,3 @@ def test_an_unknown_backend_is_a_configuration_error(folder: Path) -> None:
 
 
 # --- the worker pool ----------------------------------------------------------------------------
-
-
-def test_worker_pool_rules(
-    folder: Path, processors, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.delenv("MMPROC_WORKERS", raising=False)
-    with mmproc.get_processor(folder) as default:
-        assert (default.path, default.workers) == ("cpu", 2)
-        assert default.path is PreprocessingPath.CPU
-        assert image_backend(default) == "torchvision"  # transformers' default backend
-    for backend in BACKENDS:
-        processor = processors[(backend, True)]
-        assert (processor.path, processor.workers) == (PreprocessingPath.CPU, 2)
-        # Where the same processor would preprocess with device="cuda", and what that path gets.
-        path = preprocessing_path(processor.hf_processor, device="cuda")
-        expected = PreprocessingPath.DEVICE if backend == "torchvision" else PreprocessingPath.CPU
-        assert path is expected
-        count = resolve_worker_count(
-            requested=None,
-            hint=processor.model.worker_count_hint(processor.ctx, path),
-            supports_concurrency=processor.model.supports_concurrency(processor.ctx),
-            path=path,
-        )
-        assert count == (1 if path is PreprocessingPath.DEVICE else 2)
-    # Building (not running) a processor for the GPU needs no GPU.
-    with mmproc.get_processor(folder, backend="torchvision", device="cuda") as on_gpu:
-        assert (on_gpu.path, on_gpu.workers) == (PreprocessingPath.DEVICE, 1)
-    with mmproc.get_processor(folder, backend="pil", device="cuda") as pil_gpu:
-        assert (pil_gpu.path, pil_gpu.workers) == (PreprocessingPath.CPU, 2)
-    # An explicit count wins on either path (with a warning on the device path).
-    with mmproc.get_processor(folder, workers=3) as three:
-        assert (three.path, three.workers) == (PreprocessingPath.CPU, 3)
-    with caplog.at_level(logging.WARNING, logger="mmproc.executor"):
-        with mmproc.get_processor(folder, device="cuda", workers=3) as three_gpu:
-            assert (three_gpu.path, three_gpu.workers) == (PreprocessingPath.DEVICE, 3)
-    assert any("3 preprocessing workers" in r.getMessage() for r in caplog.records)

@@ -13,11 +13,9 @@ with it off they must be equal.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,8 @@ import numpy as np
 import pytest
 import torch
 from mmproc.errors import ConfigurationError, MmprocError
-from mmproc.executor import PreprocessingPath, preprocessing_path, resolve_worker_count
 from mmproc.fields import BatchedField, FlatField
+from mmproc.testing import call_hf_processor, noise_image, noise_video
 from mmproc.testing.conformance import assert_matches_hf
 from mmproc_qwen_vl import model as qwen_model
 from mmproc_qwen_vl.demo import write_qwen2_vl_folder
@@ -90,23 +88,6 @@ MODES = ["RGB", "L", "LA", "RGBA", "P", "P+transparency", "1", "CMYK"]
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def noise(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
-    """Random pixels in ``mode`` (every resampling weight shows in the output)."""
-    rng = np.random.default_rng(seed)
-    rgba = Image.fromarray(rng.integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA")
-    if mode == "P+transparency":  # a palette image whose index 3 is transparent, as GIFs have
-        image = rgba.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
-        image.info["transparency"] = 3
-        return image
-    return rgba if mode == "RGBA" else rgba.convert(mode)
-
-
-def noise_video(frames: int, width: int, height: int, seed: int) -> np.ndarray:
-    """A ``(T, H, W, 3)`` uint8 video of random frames."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
-
-
 def build_reference(folder: Path, backend: str) -> Any:
     """transformers' processor for ``folder``, built without the plugin."""
     image_processor = IMAGE_PROCESSOR_CLASSES[backend].from_pretrained(
@@ -115,21 +96,6 @@ def build_reference(folder: Path, backend: str) -> Any:
     return AutoProcessor.from_pretrained(
         folder, local_files_only=True, image_processor=image_processor
     )
-
-
-def call_hf(
-    reference: Any,
-    prompt: str,
-    images: Sequence[Any] = (),
-    videos: Sequence[Any] = (),
-    **kwargs: Any,
-) -> Any:
-    """Call the transformers processor directly: it expands the placeholders itself."""
-    if images:
-        kwargs["images"] = list(images)
-    if videos:
-        kwargs["videos"] = list(videos)
-    return reference(text=[prompt], return_tensors="pt", **kwargs)
 
 
 def assert_identical(
@@ -231,73 +197,12 @@ def test_every_size_and_mode_matches_hf(combo, mode: str) -> None:
     processor, reference, norm = combo
     assert (processor.norm_spec is not None) is norm
     for seed, (width, height) in enumerate(SIZES):
-        image = noise(width, height, mode, seed=1000 + seed)
+        image = noise_image(width, height, mode, seed=1000 + seed)
         prompt = f"describe {IMAGE} please"
         out = processor.process(prompt, {"image": [image]})
-        hf = call_hf(reference, prompt, [image])
+        hf = call_hf_processor(reference, prompt, {"image": [image]})
         context = f"{width}x{height} {mode}"
         assert_identical(out, hf, reference.tokenizer, normalised=norm, context=context)
-
-
-def test_several_images_text_and_token_prompts_cache_hits_and_misses(combo) -> None:
-    processor, reference, norm = combo
-    a, b, c = noise(45, 80, seed=2000), noise(120, 30, "P", seed=2001), noise(20, 20, "RGBA", 2002)
-    d = noise(77, 33, "L", seed=2003)
-    messages = [
-        {
-            "role": "user",
-            "content": [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}],
-        }
-    ]
-    chat = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ours = processor.hf_processor.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=False
-    )
-    assert ours == chat
-    # (prompt, images, as token ids?, async?, expected cache hits, expected misses)
-    requests: list[tuple[str, list[Image.Image], bool, bool, int, int]] = [
-        (chat, [a, b], False, False, 0, 2),
-        (f"one {IMAGE} two {IMAGE} three {IMAGE} end", [b, c, b], True, False, 2, 1),
-        (f"{IMAGE}{IMAGE}", [c, a], False, True, 2, 0),
-        (f"bare pads <|image_pad|> and <|image_pad|>, {IMAGE}", [a, a, c], True, True, 3, 0),
-        ("no images at all, just text", [], False, False, 0, 0),
-        (f"the same new image twice: {IMAGE}{IMAGE}", [d, d], False, False, 0, 2),
-        (f"{IMAGE} and {IMAGE}", [d, a], True, False, 2, 0),
-    ]
-    tokenizer = reference.tokenizer
-    for index, (prompt, images, as_ids, use_async, hits, misses) in enumerate(requests):
-        given: Any = tokenizer(prompt)["input_ids"] if as_ids else prompt
-        mm_data = {"image": images} if images else None
-        before = processor.cache.stats()
-        if use_async:
-            out = asyncio.run(processor.process_async(given, mm_data))
-        else:
-            out = processor.process(given, mm_data)
-        after = processor.cache.stats()
-        context = f"request {index}"
-        assert (after.hits - before.hits, after.misses - before.misses) == (hits, misses), context
-        hf = call_hf(reference, prompt, images)
-        assert_identical(out, hf, tokenizer, normalised=norm, context=context)
-
-
-def test_concurrent_requests_match_hf(combo) -> None:
-    """Requests in flight together, on both workers' processor clones, each match HF."""
-    processor, reference, norm = combo
-    assert processor.workers == 2
-    pool = [noise(20 + 9 * i, 90 - 7 * i, "RGB" if i % 2 else "P", seed=2100 + i) for i in range(5)]
-    requests = [
-        (f"request {i}: " + IMAGE * (1 + i % 3), [pool[(i + k) % 5] for k in range(1 + i % 3)])
-        for i in range(6)
-    ]
-
-    async def run_all() -> list[mmproc.ProcessedInputs]:
-        return await asyncio.gather(
-            *(processor.process_async(prompt, {"image": images}) for prompt, images in requests)
-        )
-
-    for index, ((prompt, images), out) in enumerate(zip(requests, asyncio.run(run_all()))):
-        hf = call_hf(reference, prompt, images)
-        assert_identical(out, hf, reference.tokenizer, normalised=norm, context=f"request {index}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -305,7 +210,7 @@ def test_per_request_hf_kwargs_match_hf_and_are_part_of_the_cache_key(
     processors, references, backend: str
 ) -> None:
     processor, reference = processors[(backend, True)], references[backend]
-    image = noise(800, 600, seed=2200)
+    image = noise_image(800, 600, seed=2200)
     prompt = f"{IMAGE} small"
     sizes = []
     smaller, smallest = (
@@ -315,7 +220,7 @@ def test_per_request_hf_kwargs_match_hf_and_are_part_of_the_cache_key(
     for hf_kwargs in ({}, smaller, smallest, {}):
         before = processor.cache.stats()
         out = processor.process(prompt, {"image": [image]}, hf_kwargs=hf_kwargs)
-        hf = call_hf(reference, prompt, [image], **hf_kwargs)
+        hf = call_hf_processor(reference, prompt, {"image": [image]}, **hf_kwargs)
         assert_identical(out, hf, reference.tokenizer, normalised=True, context=str(hf_kwargs))
         sizes.append(out.features[0].placeholder.length)
         hit = processor.cache.stats().hits - before.hits
@@ -325,12 +230,17 @@ def test_per_request_hf_kwargs_match_hf_and_are_part_of_the_cache_key(
 
 def test_a_bad_item_in_a_multi_image_request_fails_it_and_the_next_is_served(combo) -> None:
     processor, reference, norm = combo
-    good, wide = noise(40, 50, seed=3000), noise(2010, 10, seed=3001)  # 201:1
+    good, wide = noise_image(40, 50, seed=3000), noise_image(2010, 10, seed=3001)  # 201:1
     with pytest.raises(MmprocError, match="aspect ratio"):
         processor.process(f"{IMAGE}{IMAGE}", {"image": [good, wide]})
     prompt = f"{IMAGE} again"
     out = processor.process(prompt, {"image": [good]})
-    assert_identical(out, call_hf(reference, prompt, [good]), reference.tokenizer, normalised=norm)
+    assert_identical(
+        out,
+        call_hf_processor(reference, prompt, {"image": [good]}),
+        reference.tokenizer,
+        normalised=norm,
+    )
 
 
 @pytest.mark.parametrize("size", [(201, 1), (1, 201), (1000, 4), (3, 1000)])
@@ -338,23 +248,28 @@ def test_beyond_200_to_1_is_a_clear_error_and_the_processor_keeps_serving(combo,
     processor, reference, norm = combo
     width, height = size
     with pytest.raises(MmprocError, match="aspect ratio") as caught:
-        processor.process(IMAGE, {"image": [noise(width, height, seed=4000)]})
+        processor.process(IMAGE, {"image": [noise_image(width, height, seed=4000)]})
     assert "200" in str(caught.value)
     # transformers refuses the same image
     with pytest.raises(ValueError, match="aspect ratio"):
-        call_hf(reference, IMAGE, [noise(width, height, seed=4000)])
+        call_hf_processor(reference, IMAGE, {"image": [noise_image(width, height, seed=4000)]})
     # 200:1 exactly still works, and matches
-    ok = noise(*((200, 1) if width > height else (1, 200)), seed=4001)
+    ok = noise_image(*((200, 1) if width > height else (1, 200)), seed=4001)
     out = processor.process(IMAGE, {"image": [ok]})
-    assert_identical(out, call_hf(reference, IMAGE, [ok]), reference.tokenizer, normalised=norm)
+    assert_identical(
+        out,
+        call_hf_processor(reference, IMAGE, {"image": [ok]}),
+        reference.tokenizer,
+        normalised=norm,
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_large_4000x3000_image_matches_hf(processors, references, backend: str) -> None:
     processor, reference = processors[(backend, True)], references[backend]  # the defaults
-    image = noise(4000, 3000, seed=5000).convert("RGB")
+    image = noise_image(4000, 3000, seed=5000).convert("RGB")
     out = processor.process(f"big {IMAGE}", {"image": [image]})
-    hf = call_hf(reference, f"big {IMAGE}", [image])
+    hf = call_hf_processor(reference, f"big {IMAGE}", {"image": [image]})
     assert_identical(out, hf, reference.tokenizer, normalised=True, bf16=False)
     grid = hf["image_grid_thw"][0].tolist()
     assert out.features[0].placeholder.length == grid[0] * grid[1] * grid[2] // 4
@@ -377,22 +292,29 @@ def test_pil_fast_path_is_taken_and_bit_identical(
     monkeypatch.setattr(qwen_model, "patchify_uint8", spy)
     reference = references["pil"]
     shapes = [(1, 1, "RGB"), (90, 60, "RGBA"), (200, 1, "P+transparency"), (17, 333, "L")]
-    images = [noise(w, h, mode, seed=6000 + i) for i, (w, h, mode) in enumerate(shapes)]
+    images = [noise_image(w, h, mode, seed=6000 + i) for i, (w, h, mode) in enumerate(shapes)]
     prompt = f"look {IMAGE}{IMAGE} and {IMAGE}{IMAGE}"
     out = processors[("pil", True)].process(prompt, {"image": images})
     assert calls == [4]
-    raw = call_hf(reference, prompt, images, do_rescale=False, do_normalize=False)
+    raw = call_hf_processor(
+        reference, prompt, {"image": images}, do_rescale=False, do_normalize=False
+    )
     raw_pixels = raw["pixel_values"]
     assert raw_pixels.dtype == torch.float32
     assert torch.equal(raw_pixels.to(torch.uint8).to(torch.float32), raw_pixels)  # whole numbers
     pixels = torch.cat([f.data["pixel_values"] for f in out.features])
     assert pixels.dtype == torch.uint8
     assert torch.equal(pixels, raw_pixels.to(torch.uint8))
-    assert_identical(out, call_hf(reference, prompt, images), reference.tokenizer, normalised=True)
+    assert_identical(
+        out,
+        call_hf_processor(reference, prompt, {"image": images}),
+        reference.tokenizer,
+        normalised=True,
+    )
 
     # Not taken where it does not apply: torchvision backend, or normalisation on the CPU.
     for key in [("torchvision", True), ("pil", False)]:
-        processors[key].process(IMAGE, {"image": [noise(33, 44, seed=6100)]})
+        processors[key].process(IMAGE, {"image": [noise_image(33, 44, seed=6100)]})
     assert calls == [4]
 
 
@@ -402,7 +324,7 @@ def test_num_image_tokens_equals_the_placeholder_length(processors, backend: str
     hf_processor = processor.hf_processor
     sizes = [*SIZES, (640, 480), (1, 56), (1920, 1080)]
     for seed, (width, height) in enumerate(sizes):
-        out = processor.process(IMAGE, {"image": [noise(width, height, seed=7000 + seed)]})
+        out = processor.process(IMAGE, {"image": [noise_image(width, height, seed=7000 + seed)]})
         length = out.features[0].placeholder.length
         assert num_image_tokens(hf_processor, height, width) == length, (width, height)
         assert num_image_tokens(hf_processor.image_processor, height, width) == length
@@ -421,7 +343,7 @@ def test_video_matches_hf(combo) -> None:
     frames = [Image.fromarray(frame) for frame in noise_video(2, 33, 47, seed=8002)]
     tensor = torch.from_numpy(noise_video(2, 30, 20, seed=8005)).permute(0, 3, 1, 2)  # T,C,H,W
     gray = np.ascontiguousarray(noise_video(2, 40, 30, seed=8006)[..., :1])  # (T, H, W, 1)
-    images = [noise(30, 40, seed=8003), noise(64, 20, "P", seed=8004)]
+    images = [noise_image(30, 40, seed=8003), noise_image(64, 20, "P", seed=8004)]
     if norm:
         assert "pixel_values_videos" in processor.norm_spec.pixel_keys
     # (prompt, mm_data, what transformers gets as images, as videos)
@@ -439,7 +361,7 @@ def test_video_matches_hf(combo) -> None:
     ]
     for index, (prompt, mm_data, images, videos) in enumerate(cases):
         out = processor.process(prompt, mm_data)
-        hf = call_hf(reference, prompt, images, videos)
+        hf = call_hf_processor(reference, prompt, {"image": images, "video": videos})
         assert_identical(out, hf, reference.tokenizer, normalised=norm, context=f"case {index}")
 
 
@@ -458,7 +380,7 @@ def test_folder_layouts_load_the_real_settings_and_match_hf(
         assert (path / "processor_config.json").is_file()
         assert not (path / "preprocessor_config.json").exists()
     reference = build_reference(path, backend)
-    image, video = noise(70, 35, "LA", seed=9000), noise_video(2, 40, 30, seed=9001)
+    image, video = noise_image(70, 35, "LA", seed=9000), noise_video(2, 40, 30, seed=9001)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "video"}]}]
     prompt = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     with mmproc.get_processor(path, backend=backend) as processor:
@@ -471,7 +393,7 @@ def test_folder_layouts_load_the_real_settings_and_match_hf(
         )
         assert ours == prompt
         out = processor.process(prompt, {"image": [image], "video": [video]})
-    hf = call_hf(reference, prompt, [image], [video])
+    hf = call_hf_processor(reference, prompt, {"image": [image], "video": [video]})
     assert_identical(out, hf, reference.tokenizer, normalised=True)
 
 
@@ -488,7 +410,7 @@ def test_qwen2_5_vl_hub_folder_naming_qwen2_5_vl_image_processor(
     # The reference: the same folder, naming a class transformers has.
     reference = build_reference(write_reference_copy(path, root / "reference"), backend)
     assert type(reference).__name__ == "Qwen2_5_VLProcessor"
-    images = [noise(50, 90, seed=9100), noise(300, 20, "RGBA", seed=9101)]
+    images = [noise_image(50, 90, seed=9100), noise_image(300, 20, "RGBA", seed=9101)]
     video = noise_video(3, 60, 40, seed=9102)
     # Qwen2.5's tool-call tokens are added, non-special tokens: they must stay single ids.
     prompt = f"<tool_call>{IMAGE} then {VIDEO}</tool_call> and {IMAGE}"
@@ -500,7 +422,7 @@ def test_qwen2_5_vl_hub_folder_naming_qwen2_5_vl_image_processor(
             )
             assert_real_settings(processor.hf_processor)
             out = processor.process(prompt, {"image": images, "video": [video]})
-        hf = call_hf(reference, prompt, images, [video])
+        hf = call_hf_processor(reference, prompt, {"image": images, "video": [video]})
         assert "second_per_grid_ts" in hf
         assert_identical(out, hf, reference.tokenizer, normalised=norm, context=f"norm={norm}")
 
@@ -521,39 +443,3 @@ def test_an_unknown_backend_is_a_configuration_error(folder: Path) -> None:
 
 
 # --- the worker pool ----------------------------------------------------------------------------
-
-
-def test_worker_pool_rules(
-    folder: Path, processors, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.delenv("MMPROC_WORKERS", raising=False)
-    with mmproc.get_processor(folder) as default:
-        assert (default.path, default.workers) == ("cpu", 2)
-        assert default.path is PreprocessingPath.CPU
-        assert image_backend(default) == "torchvision"  # transformers' default backend
-    for backend in BACKENDS:
-        processor = processors[(backend, True)]
-        assert (processor.path, processor.workers) == (PreprocessingPath.CPU, 2)
-        # Where the same processor would preprocess with device="cuda", and what that path gets.
-        path = preprocessing_path(processor.hf_processor, device="cuda")
-        expected = PreprocessingPath.DEVICE if backend == "torchvision" else PreprocessingPath.CPU
-        assert path is expected
-        count = resolve_worker_count(
-            requested=None,
-            hint=processor.model.worker_count_hint(processor.ctx, path),
-            supports_concurrency=processor.model.supports_concurrency(processor.ctx),
-            path=path,
-        )
-        assert count == (1 if path is PreprocessingPath.DEVICE else 2)
-    # Building (not running) a processor for the GPU needs no GPU.
-    with mmproc.get_processor(folder, backend="torchvision", device="cuda") as on_gpu:
-        assert (on_gpu.path, on_gpu.workers) == (PreprocessingPath.DEVICE, 1)
-    with mmproc.get_processor(folder, backend="pil", device="cuda") as pil_gpu:
-        assert (pil_gpu.path, pil_gpu.workers) == (PreprocessingPath.CPU, 2)
-    # An explicit count wins on either path (with a warning on the device path).
-    with mmproc.get_processor(folder, workers=3) as three:
-        assert (three.path, three.workers) == (PreprocessingPath.CPU, 3)
-    with caplog.at_level(logging.WARNING, logger="mmproc.executor"):
-        with mmproc.get_processor(folder, device="cuda", workers=3) as three_gpu:
-            assert (three_gpu.path, three_gpu.workers) == (PreprocessingPath.DEVICE, 3)
-    assert any("3 preprocessing workers" in r.getMessage() for r in caplog.records)
