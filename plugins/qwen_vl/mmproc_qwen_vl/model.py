@@ -142,14 +142,13 @@ class QwenVLModel:
     ) -> Sequence[PromptUpdate]:
         """Each pad token becomes ``prod(grid) / merge_size**2`` pad tokens."""
         updates: list[PromptUpdate] = []
-        for modality, token_id, grid_key, sub in (
-            ("image", processor.image_token_id, "image_grid_thw", processor.image_processor),
-            ("video", processor.video_token_id, "video_grid_thw", processor.video_processor),
-        ):
+        for modality in ("image", "video"):
             outputs = item_outputs.get(modality)
             if not outputs:
-                continue
-            expand = _grid_expansion(outputs, grid_key, token_id, int(sub.merge_size) ** 2)
+                continue  # (a processor without video has no video attributes to read)
+            token_id = getattr(processor, f"{modality}_token_id")
+            merge = int(getattr(processor, f"{modality}_processor").merge_size) ** 2
+            expand = _grid_expansion(outputs, f"{modality}_grid_thw", token_id, merge)
             updates.append(PromptReplacement(modality, [token_id], expand))
         return updates
 

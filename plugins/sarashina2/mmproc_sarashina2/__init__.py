@@ -1,0 +1,1 @@
+"""mmproc plugin for Sarashina2-Vision (``Sarashina2VisionForCausalLM``)."""
