@@ -104,7 +104,20 @@ def test_modalities_are_independent_and_share_no_occurrence() -> None:
     assert ph == {"video": [PlaceholderRange(0, 1)], "image": [PlaceholderRange(1, 2)]}
 
 
-def test_first_matching_candidate_wins_per_item() -> None:
+def test_items_take_placeholders_in_prompt_order_whatever_form_each_has() -> None:
+    # An audio placeholder 5 alone or wrapped as 7 5 8: both become 7 9.. 8, in prompt order.
+    bos, pad, eos = 7, 5, 8
+    expand = lambda n: [bos, *[9] * n, eos]  # noqa: E731
+    updates = [
+        PromptReplacement("audio", [bos, pad, eos], lambda i: expand(i + 1)),
+        PromptReplacement("audio", [pad], lambda i: expand(i + 1)),
+    ]
+    prompt, ph = apply_prompt_updates([pad, 0, bos, pad, eos, 0, pad], updates, {"audio": 3})
+    assert prompt == [*expand(1), 0, *expand(2), 0, *expand(3)]
+    assert [(r.offset, r.length) for r in ph["audio"]] == [(0, 3), (4, 4), (9, 5)]
+
+
+def test_a_positional_update_serves_the_items_left_when_no_placeholder_is() -> None:
     updates = [
         PromptReplacement("image", [5], [50]),
         PromptInsertion("image", PromptIndexTargets.start(), [70]),

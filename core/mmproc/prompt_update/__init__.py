@@ -16,10 +16,12 @@ them in a prompt the HF processor already expanded. All return, per modality, on
 
 Matching rules:
 
-* Modalities are matched in the order of ``mm_counts``, items in index order. For each item the
-  first of its modality's updates (in the order given) that matches wins.
-* A replacement takes the next occurrence of its target, left to right, that no other
-  replacement has taken: successive items consume successive occurrences.
+* Modalities are matched in the order of ``mm_counts``, items in index order.
+* An item's replacements of a sequence compete: it takes the earliest occurrence of any of their
+  targets that no other item has taken (the first update, in the order given, on a tie), so
+  successive items consume successive placeholders in prompt order, whichever of several forms
+  each has. Only when none is left does the item take the first of its positional updates
+  (insertions, zero-width targets) that matches.
 * An insertion acts right after the first occurrence of its target; every item using it lands
   there, in item order (so do insertions of several modalities at one place, in modality order).
 * ``start`` / ``end`` / ``prefix`` are zero-width: a replacement there replaces nothing, so it

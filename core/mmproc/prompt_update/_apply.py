@@ -233,9 +233,12 @@ Convert = Callable[[tuple[int, ...] | str, str], str]
 def _match(hay: str, resolved: ResolvedUpdates, convert: Convert) -> list[_Edit] | _Miss:
     """Match every item to one of its candidates in ``hay``; the edits, or the first miss.
 
-    ``convert`` turns a target sequence into ``hay``'s alphabet. Items share a candidate when its
-    kind and target are equal; each shared candidate keeps one cursor, so the work per candidate
-    is one left-to-right pass over the prompt.
+    An item takes, of its replacements of a sequence, the earliest occurrence no other item has
+    taken (the first candidate on a tie), so items follow the prompt's order whichever form each
+    placeholder has; only when none is left does it take the first of its positional candidates
+    (insertions, zero-width targets) that matches. ``convert`` turns a target sequence into
+    ``hay``'s alphabet. Items share a candidate when its kind and target are equal; each shared
+    candidate keeps one cursor, so the work per candidate is one left-to-right pass.
     """
     end = len(hay)
     claimed = bytearray(end)  # positions already taken by a replacement
@@ -244,6 +247,8 @@ def _match(hay: str, resolved: ResolvedUpdates, convert: Convert) -> list[_Edit]
     edits: list[_Edit] = []
     for modality, items in resolved.items():
         for item, candidates in enumerate(items):
+            best: tuple[int, str, ResolvedPromptUpdate] | None = None
+            position: tuple[int, ResolvedPromptUpdate] | None = None
             for update in candidates:
                 key = update.candidate_key
                 if key not in anchors:
@@ -252,19 +257,25 @@ def _match(hay: str, resolved: ResolvedUpdates, convert: Convert) -> list[_Edit]
                 if target is None:
                     continue
                 if isinstance(target, int):
-                    # A position: every item of an insertion or a zero-width replacement goes
-                    # there, in item order.
-                    edits.append(_Edit(target, target, len(edits), modality, item, update))
-                    break
+                    if position is None:
+                        position = (target, update)
+                    continue
                 j = _find_unclaimed(hay, claimed, target, cursor.get(key, 0))
                 if j < 0:
                     cursor[key] = end + 1  # exhausted: later items skip it at once
-                    continue
-                stop = j + len(target)
-                claimed[j:stop] = b"\x01" * len(target)
-                cursor[key] = stop
+                elif best is None or j < best[0]:
+                    best = (j, target, update)
+            if best is not None:
+                j, needle, update = best
+                stop = j + len(needle)
+                claimed[j:stop] = b"\x01" * len(needle)
+                cursor[update.candidate_key] = stop
                 edits.append(_Edit(j, stop, len(edits), modality, item, update))
-                break
+            elif position is not None:
+                # A position: every item of an insertion or a zero-width replacement goes
+                # there, in item order.
+                at, update = position
+                edits.append(_Edit(at, at, len(edits), modality, item, update))
             else:
                 return _Miss(modality, item, tuple(candidates))
     return edits
