@@ -11,6 +11,7 @@ from mmproc.errors import FieldSpecError
 from mmproc.fields import (
     BatchedField,
     FlatField,
+    PaddedField,
     SharedField,
     join_items,
     split_outputs,
@@ -261,3 +262,33 @@ def test_real_qwen2_vl_outputs_split_like_single_item_calls() -> None:
         assert torch.equal(item["pixel_values"], alone["pixel_values"])
         assert torch.equal(item["image_grid_thw"], alone["image_grid_thw"][0])
     assert items["video"][0]["pixel_values_videos"].shape[0] == outputs["video_grid_thw"].prod()
+
+
+# --- padded batches -----------------------------------------------------------------------------
+
+
+def test_padded_rows_are_cut_to_their_own_length_and_join_pads_them_back() -> None:
+    values = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 5.0, 0.0, 0.0], [6.0, 7.0, 8.0, 9.0]])
+    outputs = {"input_values": values, "audio_length": torch.tensor([3, 2, 4])}
+    fields = {
+        "input_values": PaddedField("audio", "audio_length"),
+        "audio_length": BatchedField("audio"),
+    }
+    items = split_outputs(outputs, fields, {"audio": 3})["audio"]
+    assert [item["input_values"].tolist() for item in items] == [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    assert items[1]["input_values"].data_ptr() == values[1].data_ptr()  # a view
+    assert torch.equal(join_items(items, fields)["input_values"], values)
+    # An item computed with shorter company joins a longer batch: padded to the new longest.
+    rejoined = join_items([items[1], items[0]], fields)["input_values"]
+    assert rejoined.tolist() == [[4, 5, 0], [1, 2, 3]]
+    arrays = [np.ones(2, np.float32), np.ones(4, np.float32)]
+    assert PaddedField("audio", "n").join("x", arrays).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+
+
+def test_padded_lengths_that_do_not_fit_name_the_key() -> None:
+    field = PaddedField("audio", "audio_length")
+    values = torch.zeros(2, 4)
+    with pytest.raises(FieldSpecError, match=r"lengths \[3, 5\] from 'audio_length' do not fit"):
+        field.split("input_values", values, 2, {"audio_length": torch.tensor([3, 5])})
+    with pytest.raises(FieldSpecError, match="length key 'audio_length' is not in the outputs"):
+        field.split("input_values", values, 2, {})

@@ -12,6 +12,10 @@ want them per item. A model describes every output key with one field spec:
     key: ``FlatField.from_grid("image", "image_grid_thw")`` gives item ``i``
     ``prod(image_grid_thw[i]) // divisor`` rows. Item values are views (``Tensor.split``, numpy
     slicing), never copies; :func:`join_items` concatenates them back.
+:class:`PaddedField`
+    One row per item, padded to the batch's longest (``input_values`` of audio: ``(N, samples)``).
+    Item ``i`` gets its row cut to its own length, read from another output (``audio_length``),
+    so an item does not depend on its batch; :func:`join_items` pads them back.
 :class:`SharedField`
     One value shared by every item of the modality; each item holds the same object and
     :func:`join_items` takes the first.
@@ -42,6 +46,7 @@ __all__ = [
     "BatchedField",
     "FieldSpec",
     "FlatField",
+    "PaddedField",
     "SharedField",
     "join_items",
     "split_outputs",
@@ -223,6 +228,77 @@ class FlatField(FieldSpec):
         if isinstance(first, np.ndarray):
             return np.concatenate(values, axis=self.dim)
         return [row for v in values for row in v]
+
+
+@dataclass(frozen=True)
+class PaddedField(FieldSpec):
+    """One row per item along dim 0, each padded along ``dim`` to the batch's longest.
+
+    Item ``i`` gets its row cut to its own length (a view), so that an item's value does not
+    depend on which others shared its batch (and a cached item fits any later batch); the
+    lengths come from ``length_key`` (an output holding each item's unpadded length, e.g. an
+    audio feature extractor's sample counts). :meth:`join` pads the rows back with
+    ``padding_value``, at the end, as feature extractors pad by default.
+    """
+
+    modality: str
+    length_key: str
+    dim: int = -1
+    padding_value: float = 0.0
+
+    def split(self, key: str, value: Any, count: int, outputs: Mapping[str, Any]) -> list[Any]:
+        """Return each item's row, cut to its length."""
+        rows = _length(value, 0, key, self.modality)
+        if rows != count:
+            raise FieldSpecError(
+                f"{key!r} (padded, {self.modality}): {rows} rows along dim 0 but "
+                f"{count} {self.modality} item(s)"
+            )
+        if self.length_key not in outputs:
+            raise FieldSpecError(
+                f"{key!r} (padded, {self.modality}): its length key {self.length_key!r} is not "
+                f"in the outputs (keys: {', '.join(sorted(outputs))})"
+            )
+        raw = outputs[self.length_key]
+        lengths = [int(n) for n in (raw.tolist() if hasattr(raw, "tolist") else raw)]
+        longest = _length(value, self.dim, key, self.modality)
+        if len(lengths) != count or any(n < 0 or n > longest for n in lengths):
+            raise FieldSpecError(
+                f"{key!r} (padded, {self.modality}): lengths {lengths} from {self.length_key!r} "
+                f"do not fit {count} rows of length {longest}"
+            )
+        parts = []
+        for i, n in enumerate(lengths):
+            row = value[i]
+            index = [slice(None)] * row.ndim
+            index[self.dim] = slice(0, n)
+            parts.append(row[tuple(index)])
+        return parts
+
+    def join(self, key: str, values: Sequence[Any]) -> Any:
+        """Pad the rows to the longest along ``dim`` and stack them."""
+        first = values[0]
+        longest = max(int(v.shape[self.dim]) for v in values)
+        if is_torch_tensor(first):
+            import torch
+
+            padded = []
+            for v in values:
+                shape = list(v.shape)
+                shape[self.dim] = longest - v.shape[self.dim]
+                padded.append(torch.cat([v, v.new_full(shape, self.padding_value)], dim=self.dim))
+            return torch.stack(padded)
+        widths = []
+        for v in values:
+            width = [(0, 0)] * v.ndim
+            width[self.dim] = (0, longest - v.shape[self.dim])
+            widths.append(width)
+        return np.stack(
+            [
+                np.pad(v, w, constant_values=self.padding_value)
+                for v, w in zip(values, widths, strict=True)
+            ]
+        )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""mmproc plugin for MiDashengLM (``MiDashengLMModel``), an audio-language model."""
