@@ -21,6 +21,7 @@ from mmproc.errors import (
     MediaItemError,
     PluginLoadError,
     PluginSpecError,
+    ProcessingError,
     ProcessorLoadError,
     UnknownArchitectureError,
 )
@@ -370,3 +371,40 @@ def test_hook_mmproc_register_models_registers_architectures_and_demo_models(
         registry.add_plugin(RegistersABadDemoName(), name="bad")
     with pytest.raises(UnknownArchitectureError, match="no plugin serves architecture 'OtherArch'"):
         registry.resolve("OtherArch")  # rolled back with the rest of its registrations
+
+
+# --- every hook: what the core does when a hook misbehaves --------------------------------------
+
+
+class UpdatesFailOnce(Tiny):
+    failures: ClassVar[list[str]] = ["boom"]
+
+    @hookimpl
+    def get_prompt_updates(self, processor, item_outputs):
+        if UpdatesFailOnce.failures:
+            raise KeyError(UpdatesFailOnce.failures.pop())
+        return Tiny.get_prompt_updates(self, processor, item_outputs)
+
+
+class AnswersBytes(Tiny):
+    @hookimpl
+    def get_dummy_text(self, mm_counts):
+        return IMAGE.encode() * mm_counts.get("image", 0)
+
+
+def test_a_hook_that_raises_fails_its_request_naming_the_plugin_and_hook_and_the_pool_serves_on(
+    build,
+) -> None:
+    processor = build(UpdatesFailOnce)
+    with pytest.raises(
+        ProcessingError, match=r"plugin 'tiny'.*UpdatesFailOnce, hook 'get_prompt_updates'.*boom"
+    ):
+        processor.process(IMAGE, {"image": [image(30)]})
+    assert len(processor.process(IMAGE, {"image": [image(30)]}).features) == 1
+
+
+def test_a_hook_answer_of_the_wrong_type_is_refused_naming_the_hook(build) -> None:
+    with pytest.raises(
+        PluginSpecError, match="hook 'get_dummy_text': returned bytes; expected str"
+    ):
+        build(AnswersBytes).process(IMAGE, {"image": [image(31)]})

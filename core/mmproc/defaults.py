@@ -80,12 +80,27 @@ class DefaultModel:
 
         kwargs = dict(ctx.processor_options.hf_processor_kwargs)
         try:
-            return AutoProcessor.from_pretrained(str(folder), local_files_only=True, **kwargs)
+            processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True, **kwargs)
         except Exception as exc:
             raise ProcessorLoadError(
                 f"{ctx.architecture} (plugin {ctx.plugin!r}): cannot build the HF processor "
                 f"from {folder}: {type(exc).__name__}: {exc}"
             ) from exc
+        # AutoProcessor falls back to the bare tokenizer when it finds no processor for the
+        # folder: never what a multimodal model needs, and a confusing failure later.
+        if not any(
+            hasattr(processor, part)
+            for part in ("image_processor", "video_processor", "feature_extractor")
+        ):
+            raise ProcessorLoadError(
+                f"{ctx.architecture} (plugin {ctx.plugin!r}): transformers' AutoProcessor found "
+                f"no image, video or audio processor in {folder} (it gave a "
+                f"{type(processor).__name__}); config.json's model_type "
+                f"{ctx.config.get('model_type')!r} must be one transformers knows, with the "
+                "processor files it reads, or the plugin loads the processor itself in its "
+                "load_hf_processor hook"
+            )
+        return processor
 
     @hookimpl(trylast=True)
     def process_mm_data(

@@ -25,10 +25,11 @@ so an incompatible plugin is reported without being imported::
     [project.entry-points."mmproc.plugin_api"]
     my_model = "mmproc.hookspecs:PLUGIN_API_V2"
 
-Threads: discovery and ``load_hf_processor`` run once, on the thread that first looks the model up;
-so do ``extra_options``, ``supports_concurrency``, ``worker_count_hint``, ``device_norm_spec``,
-``media_format`` and ``get_dummy_text`` (once per modality, to learn the model's placeholders),
-when a ``Processor`` is built. The per-request hooks (``process_mm_data``, ``get_mm_fields``,
+Threads: discovery runs once per registry, on the thread of its first lookup.
+``load_hf_processor``, ``extra_options``, ``supports_concurrency``, ``worker_count_hint``,
+``device_norm_spec``, ``media_format`` and ``get_dummy_text`` (once per modality, to learn the
+model's placeholders) run once per ``Processor``, on the thread calling ``get_processor``. The
+per-request hooks (``process_mm_data``, ``get_mm_fields``,
 ``get_prompt_updates``, ``get_dummy_text``) run on a worker-pool thread, with that thread's own
 processor clone, possibly on several threads at once: keep no per-request state on the model.
 
@@ -91,9 +92,9 @@ class DiscoverySpec:
         model class, and optionally ``registry.register_demo(name, "package.module:function",
         description=...)`` per demo model (a function writing a tiny model folder; see
         :class:`mmproc.registry.ModelRegistrar`). References are stored as strings and imported
-        only when used. Called once per process, on the thread of the first lookup, right after
-        the entry point is imported. If it raises, everything it registered is rolled back and
-        the plugin is reported as ``failed``.
+        only when used. Called once per registry (the process's, or one made in a test), on the
+        thread of its first lookup, right after the entry point is imported. If it raises,
+        everything it registered is rolled back and the plugin is reported as ``failed``.
         """
 
 
@@ -109,8 +110,8 @@ class ModelSpec:
         Default: transformers' ``AutoProcessor`` with ``local_files_only=True`` and
         ``ctx.processor_options.hf_processor_kwargs``. A model customises the object here (patch
         methods with ``types.MethodType`` so deep copies rebind them to each worker's clone).
-        Called once per ``Processor``, on the constructing thread; worker threads deep-copy the
-        result. An exception other than an mmproc error reaches the caller as a
+        Called once per ``Processor``, on the thread calling ``get_processor``; worker threads
+        deep-copy the result. An exception other than an mmproc error reaches the caller as a
         :class:`~mmproc.errors.ProcessorLoadError` naming the plugin, hook and model.
         """
 
@@ -190,8 +191,11 @@ class ModelSpec:
     def supports_concurrency(self, ctx: ModelContext) -> bool:
         """Whether preprocessing may run on several per-thread processor clones at once.
 
-        Signature: ``supports_concurrency(ctx) -> bool``. Default ``True``. Opt out only when the
-        processor cannot work on deep copies. Called once when the worker pool is sized.
+        Signature: ``supports_concurrency(ctx) -> bool``. Default ``True``. Opt out (one worker)
+        when the processor's calls cannot run at the same time on different copies, e.g. when
+        they share a resource outside the processor. (A processor that cannot be deep-copied at
+        all needs no opt-out: the pool then falls back to one synchronous worker itself.) Called
+        once when the worker pool is sized.
         """
 
     @hookspec(firstresult=True)

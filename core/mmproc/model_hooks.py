@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -162,19 +162,29 @@ class ModelHooks:
             )
         return result
 
-    def _failed(self, hook: str, exc: Exception, error: type[MmprocError]) -> NoReturn:
-        raise error(
-            f"{self.architecture} ({self._describe(hook)}): {type(exc).__name__}: {exc}"
-        ) from exc
-
-    def load_hf_processor(self, ctx: ModelContext) -> Any:
-        """Build the HF processor (see :meth:`mmproc.hookspecs.ModelSpec.load_hf_processor`)."""
+    def _call(self, hook: str, error: type[MmprocError], **kwargs: Any) -> Any:
+        """Call ``hook``; an exception that is not an mmproc error becomes ``error`` naming the
+        plugin, the hook and the model (an mmproc error the hook raised passes through)."""
         try:
-            result = self._hook.load_hf_processor(ctx=ctx)
+            return getattr(self._hook, hook)(**kwargs)
         except MmprocError:
             raise
         except Exception as exc:
-            self._failed("load_hf_processor", exc, ProcessorLoadError)
+            raise error(
+                f"{self.architecture} ({self._describe(hook)}): {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _typed(self, hook: str, result: Any, kind: type | tuple[type, ...], expected: str) -> Any:
+        if not isinstance(result, kind):
+            raise PluginSpecError(
+                f"{self._describe(hook)}: returned {type(result).__name__}; expected {expected}",
+                plugin=self.plugin,
+            )
+        return result
+
+    def load_hf_processor(self, ctx: ModelContext) -> Any:
+        """Build the HF processor (see :meth:`mmproc.hookspecs.ModelSpec.load_hf_processor`)."""
+        result = self._call("load_hf_processor", ProcessorLoadError, ctx=ctx)
         return self._required("load_hf_processor", result)
 
     def process_mm_data(
@@ -186,7 +196,7 @@ class ModelHooks:
         processor: Any,
         hf_kwargs: Mapping[str, Any],
     ) -> Mapping[str, Any]:
-        """Run the HF processor; failures name the plugin and model."""
+        """Run the HF processor; failures name the plugin, the hook, the model and the items."""
         try:
             result = self._hook.process_mm_data(
                 ctx=ctx,
@@ -196,12 +206,12 @@ class ModelHooks:
                 processor=processor,
                 hf_kwargs=hf_kwargs,
             )
-        except (PluginSpecError, ProcessingError):
+        except MmprocError:
             raise
         except Exception as exc:
             raise ProcessingError(
-                f"{ctx.architecture} ({self._describe()}): the processor failed on a request "
-                f"with {_counts(mm_items)}: {type(exc).__name__}: {exc}"
+                f"{ctx.architecture} ({self._describe('process_mm_data')}): the processor "
+                f"failed on a request with {_counts(mm_items)}: {type(exc).__name__}: {exc}"
             ) from exc
         return self._required("process_mm_data", result)
 
@@ -209,7 +219,8 @@ class ModelHooks:
         self, ctx: ModelContext, outputs: Mapping[str, Any]
     ) -> Mapping[str, FieldSpec]:
         """How each output splits per item."""
-        return self._required("get_mm_fields", self._hook.get_mm_fields(ctx=ctx, outputs=outputs))
+        result = self._call("get_mm_fields", ProcessingError, ctx=ctx, outputs=outputs)
+        return self._required("get_mm_fields", result)
 
     def get_prompt_updates(
         self,
@@ -219,45 +230,42 @@ class ModelHooks:
         item_outputs: Mapping[str, Sequence[Mapping[str, Any]]],
     ) -> Sequence[PromptUpdate]:
         """The placeholder insertions / replacements for these items."""
-        result = self._hook.get_prompt_updates(
-            ctx=ctx, processor=processor, mm_items=mm_items, item_outputs=item_outputs
+        result = self._call(
+            "get_prompt_updates",
+            ProcessingError,
+            ctx=ctx,
+            processor=processor,
+            mm_items=mm_items,
+            item_outputs=item_outputs,
         )
         return self._required("get_prompt_updates", result)
 
     def get_dummy_text(self, ctx: ModelContext, mm_counts: Mapping[str, int]) -> str:
         """Text holding placeholders for ``mm_counts`` items."""
-        text = self._required(
-            "get_dummy_text", self._hook.get_dummy_text(ctx=ctx, mm_counts=mm_counts)
-        )
-        if not isinstance(text, str):
-            raise PluginSpecError(
-                f"{self._describe('get_dummy_text')}: returned {type(text).__name__}, not str",
-                plugin=self.plugin,
-            )
-        return text
+        result = self._call("get_dummy_text", ProcessingError, ctx=ctx, mm_counts=mm_counts)
+        return self._typed("get_dummy_text", self._required("get_dummy_text", result), str, "str")
 
     def extra_options(self, ctx: ModelContext) -> frozenset[str]:
         """Names of the processor options the model reads beyond the core's."""
-        names = self._hook.extra_options(ctx=ctx)
+        names = self._call("extra_options", PluginSpecError, ctx=ctx)
         if isinstance(names, str) or not isinstance(names, Iterable):
             names = None
         else:
             names = tuple(names)
         if names is None or not all(isinstance(name, str) for name in names):
             raise PluginSpecError(
-                f"{self._describe('extra_options')}: must return an iterable of option names "
-                "(str)",
+                f"{self._describe('extra_options')}: must return an iterable of option names (str)",
                 plugin=self.plugin,
             )
         return frozenset(names)
 
     def supports_concurrency(self, ctx: ModelContext) -> bool:
         """Whether per-thread clones may run concurrently."""
-        return bool(self._hook.supports_concurrency(ctx=ctx))
+        return bool(self._call("supports_concurrency", PluginSpecError, ctx=ctx))
 
     def worker_count_hint(self, ctx: ModelContext, path: PreprocessingPath) -> int | None:
         """The model's suggested worker count for ``path``, if any."""
-        hint = self._hook.worker_count_hint(ctx=ctx, path=path)
+        hint = self._call("worker_count_hint", PluginSpecError, ctx=ctx, path=path)
         if hint is not None and (not isinstance(hint, int) or isinstance(hint, bool) or hint < 1):
             raise PluginSpecError(
                 f"{self._describe('worker_count_hint')}: returned {hint!r}; expected an int >= 1 "
@@ -268,19 +276,20 @@ class ModelHooks:
 
     def device_norm_spec(self, ctx: ModelContext, processor: Any) -> NormSpec | None:
         """The device-side normalisation the model supports, if any."""
-        return self._hook.device_norm_spec(ctx=ctx, processor=processor)
+        from mmproc.fused_norm import NormSpec
+
+        spec = self._call("device_norm_spec", PluginSpecError, ctx=ctx, processor=processor)
+        if spec is None:
+            return None
+        return self._typed("device_norm_spec", spec, NormSpec, "a mmproc.NormSpec or None")
 
     def media_format(self, ctx: ModelContext, processor: Any) -> MediaFormat:
         """What the model needs its media in (empty: the core's defaults)."""
         from mmproc.media import MediaFormat
 
-        result = self._hook.media_format(ctx=ctx, processor=processor)
+        result = self._call("media_format", PluginSpecError, ctx=ctx, processor=processor)
         if result is None:
             return MediaFormat()
-        if not isinstance(result, MediaFormat):
-            raise PluginSpecError(
-                f"{self._describe('media_format')}: returned {type(result).__name__}; expected "
-                "a mmproc.media.MediaFormat or None",
-                plugin=self.plugin,
-            )
-        return result
+        return self._typed(
+            "media_format", result, MediaFormat, "a mmproc.media.MediaFormat or None"
+        )

@@ -167,15 +167,10 @@ class Processor:
 
     def _learn_placeholders(self) -> dict[str, list[int]]:
         """Modality -> token ids of the model's placeholder for one item, for the modalities the
-        model takes (a modality whose dummy text is empty, or refused, is not one)."""
+        model takes (a modality whose dummy text is empty is not one)."""
         found: dict[str, list[int]] = {}
         for modality in MODALITIES:
-            try:
-                text = self.model.get_dummy_text(self.ctx, {modality: 1})
-            except MmprocError:
-                raise
-            except Exception:
-                continue
+            text = self.model.get_dummy_text(self.ctx, {modality: 1})
             if text:
                 found[modality] = list(self._front_tokenizer.encode(text, add_special_tokens=False))
         return found
