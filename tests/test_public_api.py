@@ -50,3 +50,13 @@ def test_every_hook_has_a_test_of_its_own(hook: str) -> None:
     assert any(name.startswith(f"test_hook_{hook}_") for name in _test_function_names()), (
         f"no test_hook_{hook}_... test: add one to tests/test_hooks.py"
     )
+
+
+@pytest.mark.parametrize("hook", [*MODEL_HOOK_NAMES, "mmproc_register_models"])
+def test_the_plugin_guide_has_a_section_for_every_hook_with_its_signature(hook: str) -> None:
+    spec = getattr(ModelSpec, hook, None) or getattr(DiscoverySpec, hook)
+    params = [p for p in inspect.signature(spec).parameters if p != "self"]
+    guide = (ROOT / "docs" / "plugins.md").read_text()
+    assert f"\n### `{hook}({', '.join(params)})`\n" in guide, (
+        f"docs/plugins.md lacks the section '### `{hook}({', '.join(params)})`'"
+    )

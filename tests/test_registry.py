@@ -380,3 +380,14 @@ def test_plugins_strict_exits_non_zero_listing_every_plugin_that_failed(plugin_s
     assert "good  [loaded]" in strict.stdout  # the listing itself is the same
     only_good = run_cli(plugin_site, "plugins", "--strict", env={"MMPROC_PLUGINS": "good"})
     assert only_good.returncode == 0 and only_good.stderr == ""
+
+
+def test_plugins_listing_shows_demo_models_and_says_why_a_plugin_is_disabled(
+    plugin_site: Path,
+) -> None:
+    result = run_cli(plugin_site, "plugins", env={"MMPROC_PLUGINS": "good,qwen_vl"})
+    assert result.returncode == 0, result.stderr
+    assert "    demo model: demo:qwen2-vl\n" in result.stdout
+    broken = result.stdout.split("broken  [disabled]")[1].splitlines()[1]
+    assert broken == "    why: not in MMPROC_PLUGINS"
+    assert "error:" not in result.stdout

@@ -45,6 +45,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         print(f"{info.name}  [{info.status}]  {dist}")
         for arch in info.architectures:
             print(f"    {arch}")
+        for demo in info.demo_models:
+            print(f"    demo model: demo:{demo}")
         for conflict in info.conflicts:
             chosen = conflict["preferred"] or "unresolved: set MMPROC_PREFER"
             print(
@@ -52,7 +54,9 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
                 f"{', '.join(conflict['plugins'])} ({chosen})"
             )
         if info.error:
-            print(f"    error: {info.error}")
+            # A disabled plugin is the user's choice, not a fault: say why, not "error".
+            label = "why" if info.status == PluginStatus.DISABLED else "error"
+            print(f"    {label}: {info.error}")
     return status
 
 
