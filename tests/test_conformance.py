@@ -82,3 +82,14 @@ def test_each_difference_fails() -> None:
     )
     with pytest.raises(AssertionError, match="has no field spec"):
         assert_matches_hf(out, dict(hf, extra=torch.zeros(1)), **check)
+
+
+def test_prompt_outputs_must_equal_the_ones_hf_returns() -> None:
+    out, hf = case(True)
+    check = dict(fields=FIELDS, placeholder_token_ids={"image": PAD})
+    types = torch.tensor([0, 1, 1, 0, 1, 0])
+    marked = dataclasses.replace(out, prompt_outputs={"mm_token_type_ids": types, "mask": types})
+    assert_matches_hf(marked, dict(hf, mm_token_type_ids=types[None], mask=types[None]), **check)
+    assert_matches_hf(marked, hf, **check)  # outputs HF does not return are the plugin's own
+    with pytest.raises(AssertionError, match="prompt output 'mask' differs"):
+        assert_matches_hf(marked, dict(hf, mask=torch.zeros(1, 6, dtype=torch.long)), **check)

@@ -199,6 +199,44 @@ def test_hook_get_prompt_updates_sees_only_the_items_being_computed(build) -> No
         build(ForgetsToReturn).process(IMAGE, {"image": [cached]})
 
 
+# --- get_prompt_outputs -------------------------------------------------------------------------
+
+
+class MarksImageTokens(Tiny):
+    @hookimpl
+    def get_prompt_outputs(self, processor, prompt_token_ids, placeholders):
+        marks = np.zeros(len(prompt_token_ids), np.int64)
+        for placeholder in placeholders.get("image", []):
+            marks[placeholder.offset : placeholder.offset + placeholder.length] = 1
+        MarksImageTokens.seen.append(processor)
+        return {"image_marks": marks}
+
+
+class MarksTooFew(Tiny):
+    @hookimpl
+    def get_prompt_outputs(self, prompt_token_ids):
+        return {"image_marks": np.zeros(len(prompt_token_ids) - 1, np.int64)}
+
+
+def test_hook_get_prompt_outputs_adds_per_token_outputs_of_the_final_prompt(build) -> None:
+    processor = build(MarksImageTokens, workers=1)
+    prompt = f"a {IMAGE} b {IMAGE}"
+    computed = processor.process(prompt, {"image": [image(40), image(41, (90, 60))]})
+    cached = processor.process(prompt, {"image": [image(40), image(41, (90, 60))]})
+    for inputs in (computed, cached):
+        marks = inputs.prompt_outputs["image_marks"]
+        assert isinstance(marks, torch.Tensor) and marks.shape == (len(inputs.prompt_token_ids),)
+        pad = processor.hf_processor.image_token_id
+        assert marks.tolist() == [int(t == pad) for t in inputs.prompt_token_ids]
+    # The cache answered the second request on this thread, reading the original processor.
+    assert MarksImageTokens.seen[-1] is processor.hf_processor
+    assert MarksImageTokens.seen[0] is not processor.hf_processor  # the worker's clone
+    text_only = processor.process("text only")
+    assert text_only.prompt_outputs["image_marks"].tolist() == [0] * len(text_only.prompt_token_ids)
+    with pytest.raises(PluginSpecError, match=r"output 'image_marks' has shape \(\d+,\)"):
+        build(MarksTooFew).process(prompt, {"image": [image(40), image(41)]})
+
+
 # --- get_dummy_text -----------------------------------------------------------------------------
 
 

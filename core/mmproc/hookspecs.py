@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from mmproc.fields import FieldSpec
     from mmproc.fused_norm import NormSpec
     from mmproc.media import MediaFormat
-    from mmproc.prompt_update import PromptUpdate
+    from mmproc.prompt_update import PlaceholderRange, PromptUpdate
 
 __all__ = [
     "MODEL_HOOK_NAMES",
@@ -173,6 +173,31 @@ class ModelSpec:
         callable gets the item's index in ``item_outputs``. The core resolves each item's
         contents right away and caches them with the item, so a content must depend on that item
         alone. Called on a worker-pool thread, with its processor clone. No default.
+        """
+
+    @hookspec(firstresult=True)
+    def get_prompt_outputs(
+        self,
+        ctx: ModelContext,
+        processor: Any,
+        prompt_token_ids: Sequence[int],
+        placeholders: Mapping[str, Sequence[PlaceholderRange]],
+    ) -> Mapping[str, Any] | None:
+        """Compute the outputs that belong to the final prompt rather than to an item.
+
+        Signature: ``get_prompt_outputs(ctx, processor, prompt_token_ids, placeholders) ->
+        {output_name: tensor}``.
+
+        Some HF processors return, beside ``input_ids``, one value per token of the expanded
+        prompt (transformers' ``mm_token_type_ids``, for example). The core expands prompts
+        itself and caches items apart from prompts, so such outputs are computed here, from the
+        final ``prompt_token_ids`` and ``placeholders`` (modality -> the items'
+        :class:`~mmproc.prompt_update.PlaceholderRange` in item order). Each value must be a 1-D
+        tensor or array with one entry per prompt token; the request carries them as
+        ``ProcessedInputs.prompt_outputs``. Default: none. Called for every request (text-only
+        ones too), after its prompt is expanded: on a worker-pool thread with its processor
+        clone, or, when every item was cached, on the thread calling ``process`` with the
+        original processor, which the hook may read (token ids, settings) but must not call.
         """
 
     @hookspec(firstresult=True)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from mmproc.fields import FieldSpec
     from mmproc.fused_norm import NormSpec
     from mmproc.media import MediaFormat
-    from mmproc.prompt_update import PromptUpdate
+    from mmproc.prompt_update import PlaceholderRange, PromptUpdate
     from mmproc.registry import ModelReference
 
 __all__ = ["ModelHooks", "build_model_manager", "import_model_class", "load_model_hooks"]
@@ -239,6 +239,42 @@ class ModelHooks:
             item_outputs=item_outputs,
         )
         return self._required("get_prompt_updates", result)
+
+    def get_prompt_outputs(
+        self,
+        ctx: ModelContext,
+        processor: Any,
+        prompt_token_ids: Sequence[int],
+        placeholders: Mapping[str, Sequence[PlaceholderRange]],
+    ) -> dict[str, Any]:
+        """The per-token outputs of the final prompt, as torch tensors (empty: none)."""
+        result = self._call(
+            "get_prompt_outputs",
+            ProcessingError,
+            ctx=ctx,
+            processor=processor,
+            prompt_token_ids=prompt_token_ids,
+            placeholders=placeholders,
+        )
+        if result is None:
+            return {}
+        self._typed("get_prompt_outputs", result, Mapping, "a mapping of output name to tensor")
+        import torch
+
+        outputs: dict[str, Any] = {}
+        for name, value in result.items():
+            shape = getattr(value, "shape", None)
+            if not isinstance(name, str) or shape is None or tuple(shape) != (
+                len(prompt_token_ids),
+            ):
+                raise PluginSpecError(
+                    f"{self._describe('get_prompt_outputs')}: output {name!r} has shape "
+                    f"{None if shape is None else tuple(shape)}; expected a 1-D tensor or array "
+                    f"with one entry per prompt token ({len(prompt_token_ids)})",
+                    plugin=self.plugin,
+                )
+            outputs[name] = torch.as_tensor(value)
+        return outputs
 
     def get_dummy_text(self, ctx: ModelContext, mm_counts: Mapping[str, int]) -> str:
         """Text holding placeholders for ``mm_counts`` items."""

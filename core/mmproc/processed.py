@@ -36,10 +36,15 @@ class MultiModalFeature:
 
 @dataclass(frozen=True)
 class ProcessedInputs:
-    """What an engine core needs for one request."""
+    """What an engine core needs for one request.
+
+    ``prompt_outputs`` holds the model's outputs with one entry per prompt token (its plugin's
+    ``get_prompt_outputs`` hook, e.g. ``mm_token_type_ids``), as 1-D torch tensors.
+    """
 
     prompt_token_ids: list[int]
     features: list[MultiModalFeature] = field(default_factory=list)
+    prompt_outputs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def placeholders(self) -> dict[str, list[PlaceholderRange]]:

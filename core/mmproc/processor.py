@@ -310,7 +310,9 @@ class Processor:
 
     def _answer_from_cache(self, request: _Request) -> ProcessedInputs:
         with self._front_lock:
-            return self._assemble(request, request.cached, self._front_tokenizer, None)
+            return self._assemble(
+                request, request.cached, self.hf_processor, self._front_tokenizer, None
+            )
 
     def _process_prepared(self, request: _Request, *, processor: Any) -> ProcessedInputs:
         """Runs on a worker thread with that thread's processor clone."""
@@ -330,7 +332,9 @@ class Processor:
             if missing:
                 computed, expanded_ids = self._compute_missing(request, missing, processor)
                 entries.update(computed)
-            return self._assemble(request, entries, tokenizer_of(processor), expanded_ids)
+            return self._assemble(
+                request, entries, processor, tokenizer_of(processor), expanded_ids
+            )
         finally:
             state.processing = nested
             self._in_flight.release(request.owned)  # also when processing failed
@@ -339,10 +343,12 @@ class Processor:
         self,
         request: _Request,
         entries: Mapping[str, CachedItem],
+        processor: Any,
         tokenizer: Any,
         expanded_ids: list[int] | None,
     ) -> ProcessedInputs:
-        """Steps 5-6: expand the prompt with every item's resolved update, and the features."""
+        """Steps 5-6: expand the prompt with every item's resolved update, the features and the
+        prompt's own outputs."""
         resolved = {
             modality: [entries[key].prompt_updates for key in request.keys[modality]]
             for modality in request.items
@@ -384,7 +390,10 @@ class Processor:
                     )
                 )
         features.sort(key=lambda f: f.placeholder.offset)
-        return ProcessedInputs(prompt_ids, features)
+        prompt_outputs = self.model.get_prompt_outputs(
+            self.ctx, processor, prompt_ids, placeholders
+        )
+        return ProcessedInputs(prompt_ids, features, prompt_outputs)
 
     def _hf_kwargs(self, user_kwargs: Mapping[str, Any], raw: bool) -> dict[str, Any]:
         """What the HF processor gets: the device of a fast processor, the raw-pixel switches,

@@ -110,6 +110,9 @@ def assert_matches_hf(
 ) -> None:
     """Assert that ``out`` is what the HF processor gave (``hf_outputs``) for the same request.
 
+    The prompt ids, the placeholder ranges, each item's outputs, and each of
+    ``out.prompt_outputs`` that HF also returned.
+
     Args:
         out: mmproc's result.
         hf_outputs: the HF processor's outputs for the same prompt and media (batch of one).
@@ -158,7 +161,14 @@ def assert_matches_hf(
                 f"{where}{feature.modality} item {feature.item_index}: norm spec "
                 f"{'missing' if normalised else 'unexpected'}"
             )
-    item_keys = [k for k in hf_outputs if k not in text_keys]
+    for key, value in out.prompt_outputs.items():
+        # The plugin's per-token outputs of the final prompt: where HF gives one, equal to it.
+        if key in hf_outputs:
+            want = torch.as_tensor(hf_outputs[key])[0]
+            assert torch.as_tensor(value).tolist() == want.tolist(), (
+                f"{where}prompt output {key!r} differs from HF's: check get_prompt_outputs"
+            )
+    item_keys = [k for k in hf_outputs if k not in text_keys and k not in out.prompt_outputs]
     for key in item_keys:
         assert key in fields, (
             f"{where}HF output {key!r} has no field spec: add it to the get_mm_fields hook"
