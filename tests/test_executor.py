@@ -26,9 +26,6 @@ from mmproc.executor import (
 TIMEOUT = 30  # seconds a barrier or event may wait before the test is declared hung
 
 
-
-
-
 @pytest.fixture(scope="module")
 def small_image():
     return qwen.make_image(64, 48)

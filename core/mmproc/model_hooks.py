@@ -264,8 +264,10 @@ class ModelHooks:
         outputs: dict[str, Any] = {}
         for name, value in result.items():
             shape = getattr(value, "shape", None)
-            if not isinstance(name, str) or shape is None or tuple(shape) != (
-                len(prompt_token_ids),
+            if (
+                not isinstance(name, str)
+                or shape is None
+                or tuple(shape) != (len(prompt_token_ids),)
             ):
                 raise PluginSpecError(
                     f"{self._describe('get_prompt_outputs')}: output {name!r} has shape "

@@ -193,4 +193,3 @@ def check_plugin_options(
         f"unknown processor option{'s' if len(unknown) > 1 else ''} "
         f"{', '.join(described)} for {model}; known options: {', '.join(vocabulary)}"
     )
-

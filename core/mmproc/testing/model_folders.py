@@ -69,6 +69,7 @@ DEFAULT_WORDS: tuple[str, ...] = tuple(
     """.split()
 )
 
+
 def _training_corpus(words: Sequence[str]) -> list[str]:
     """Sentences over ``words`` so BPE learns both in-word merges and space-prefixed tokens."""
     lines = [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)]
