@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -156,6 +156,22 @@ class NestedTinyQwen(TinyQwen):
         return None
 
 
+class ThreadRecordingTinyQwen(TinyQwen):
+    """Records the thread of every per-request hook call."""
+
+    threads: ClassVar[set[int]] = set()
+
+    @hookimpl
+    def process_mm_data(self, mm_items):
+        ThreadRecordingTinyQwen.threads.add(threading.get_ident())
+        return None
+
+    @hookimpl
+    def get_prompt_outputs(self, prompt_token_ids):
+        ThreadRecordingTinyQwen.threads.add(threading.get_ident())
+        return None
+
+
 MODELS: dict[str, type] = {}
 BUILT: list[TinyQwen] = []  # every model object, in the order processors built them
 
@@ -176,6 +192,7 @@ MODELS.update(
         "BadOptionsTinyQwen": BadOptionsTinyQwen,
         "GatedTinyQwen": GatedTinyQwen,
         "NestedTinyQwen": NestedTinyQwen,
+        "ThreadRecordingTinyQwen": ThreadRecordingTinyQwen,
     }
 )
 
@@ -858,3 +875,68 @@ def test_media_of_a_modality_the_model_does_not_take_is_named(processor) -> None
         processor.process("hello", {"audio": [(np.zeros(1600, np.float32), 16000)]})
     assert info.value.modality == "audio"
     assert processor.modalities == ("image",)
+
+
+def _live_tensor_storage_bytes() -> int:
+    """Bytes of the distinct storages of every torch tensor alive in the process."""
+    import gc
+
+    gc.collect()
+    storages = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def test_a_long_run_of_distinct_requests_keeps_no_more_tensor_memory_than_the_cache_bound(
+    folder: Path, registry: Registry
+) -> None:
+    bound = 1 << 20
+    with get_processor(folder, registry=registry, cache_bytes=bound, workers=2) as proc:
+        proc.process(IMAGE, {"image": [image(600)]})
+        before = _live_tensor_storage_bytes()
+        with ThreadPoolExecutor(4) as callers:
+            # Three images per request: a cached item that kept a view of its request's batch
+            # would keep the other two items' rows alive too.
+            list(
+                callers.map(
+                    lambda i: proc.process(
+                        IMAGE * 3, {"image": [image(700 + 3 * i + k, (120, 90)) for k in range(3)]}
+                    ),
+                    range(40),
+                )
+            )
+        assert proc.cache.nbytes <= bound
+        grown = _live_tensor_storage_bytes() - before
+        assert grown <= bound, f"{grown} bytes of tensors alive beyond a {bound}-byte cache"
+
+
+def test_process_async_does_no_request_work_on_the_event_loop_thread(
+    folder_for, registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loop of a serving front end also runs HTTP and streaming: parsing, hashing, the cache,
+    # the HF call and assembling the answer (of misses and of all-cached requests) stay off it.
+    import mmproc.processor as pipeline
+
+    parsed: set[int] = set()
+    parse = pipeline.parse_mm_data
+
+    def recording_parse(*args: Any, **kwargs: Any) -> Any:
+        parsed.add(threading.get_ident())
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "parse_mm_data", recording_parse)
+    folder = folder_for("ThreadRecordingTinyQwen")
+    with get_processor(folder, registry=registry, workers=2) as proc:
+
+        async def main() -> int:
+            images = [image(900 + i) for i in range(8)]
+            for _ in range(2):  # misses, then all hits
+                await asyncio.gather(*(proc.process_async(IMAGE, {"image": [im]}) for im in images))
+            return threading.get_ident()
+
+        loop_thread = asyncio.run(main())
+    assert ThreadRecordingTinyQwen.threads and parsed
+    assert loop_thread not in ThreadRecordingTinyQwen.threads | parsed
