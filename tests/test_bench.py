@@ -84,3 +84,24 @@ def test_bench_passes_other_options_to_the_processor(capsys: pytest.CaptureFixtu
 def test_bench_lists_the_demo_models(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--list"]) == 0
     assert "demo:qwen2-vl" in capsys.readouterr().out
+
+
+def test_bench_stages_break_a_miss_and_a_hit_down_next_to_the_bare_hf_call(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from mmproc.stages import STAGES
+
+    assert main(["bench", *SMALL, "--workers", "1", "--stages", "--json"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    miss, hit = stages["miss_ms"], stages["hit_ms"]
+    assert set(miss) == set(hit) == {*STAGES, "total"}
+    assert miss["hf_call"] > 0 and miss["hash"] > 0 and miss["cache_insert"] > 0
+    assert hit["hf_call"] == hit["split"] == hit["cache_insert"] == 0  # a hit runs no HF call
+    assert hit["tokenize"] > 0 and hit["expand"] > 0
+    assert stages["bare_hf_call_ms"] > 0
+    assert stages["overhead_ms"] == pytest.approx(miss["total"] - stages["bare_hf_call_ms"])
+    assert main(["bench", *SMALL, "--workers", "1", "--stages"]) == 0
+    table = capsys.readouterr().out
+    for stage in STAGES:
+        assert f"\n{stage:<15} " in table
+    assert "bare HF call (process_mm_data on the caller's thread)" in table

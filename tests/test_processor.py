@@ -940,3 +940,25 @@ def test_process_async_does_no_request_work_on_the_event_loop_thread(
         loop_thread = asyncio.run(main())
     assert ThreadRecordingTinyQwen.threads and parsed
     assert loop_thread not in ThreadRecordingTinyQwen.threads | parsed
+
+
+def test_recording_stages_gives_each_request_started_inside_a_clock_of_its_stages(
+    folder: Path, registry: Registry
+) -> None:
+    from mmproc.stages import STAGES
+
+    with get_processor(folder, registry=registry, workers=1) as proc:
+        with proc.recording_stages() as log:
+            start = time.perf_counter()
+            proc.process(IMAGE, {"image": [image(950)]})
+            elapsed = time.perf_counter() - start
+            proc.process(IMAGE, {"image": [image(950)]})
+            asyncio.run(proc.process_async(IMAGE, {"image": [image(951)]}))
+        proc.process(IMAGE, {"image": [image(952)]})
+    miss, hit, async_miss = log.clocks
+    assert set(miss.seconds) == set(async_miss.seconds) == set(STAGES)
+    assert set(hit.seconds) == {"hops", "parse", "hash", "lookup", "tokenize", "expand"} | {
+        "prompt_outputs"
+    }
+    assert 0 < miss.total <= elapsed
+    assert len(log) == 3  # the request after the block was not recorded

@@ -8,8 +8,12 @@ shows them) and synthetic media of a chosen size, it measures, for each worker c
   its ratio to the first worker count;
 
 and once: a cache hit against a miss, and what one request costs on the wire (bytes, frames, and
-``encode_request`` / ``decode_request`` times). The prompt is the model's own dummy text for one
-item (``get_dummy_text``), so any plugin's model can be measured without writing a prompt.
+``encode_request`` / ``decode_request`` times). With ``--stages``, one worker's misses and hits
+broken down by pipeline stage (:data:`mmproc.stages.STAGES`: parsing, hashing, lookups, thread
+hops, the HF call, splitting, prompt updates, cache insertion, tokenising, expanding) next to the
+bare HF call on the same items, with mmproc's cost over it. The prompt is the model's own dummy
+text for one item (``get_dummy_text``), so any plugin's model can be measured without writing a
+prompt.
 
 It prints a table, or JSON with ``--json``. Figures depend on the machine and on what else runs
 on it; they are for choosing ``workers`` and spotting regressions, not for assertions.
@@ -97,6 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="any other get_processor option, e.g. hash_algorithm=xxh3 (repeatable)",
+    )
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="also break one worker's requests down by pipeline stage, next to the bare HF call",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON object")
 
@@ -192,6 +201,85 @@ def _measure_cache_and_wire(folder: Path, options: dict[str, Any], args, items) 
     }
 
 
+def _measure_stages(folder: Path, options: dict[str, Any], args, items) -> dict:
+    """Per-stage medians of misses and hits on one worker, and the bare HF call on the same
+    items: the plugin's ``process_mm_data`` on the caller's thread, as the pipeline calls it."""
+    from mmproc.context import ProcessingMode
+    from mmproc.factory import get_processor
+    from mmproc.inputs import parse_mm_data
+    from mmproc.stages import STAGES
+
+    with get_processor(folder, workers=1, warm_up=True, **options) as proc:
+        prompt = proc.model.get_dummy_text(proc.ctx, {args.modality: 1})
+        kwargs = proc.hf_call_kwargs()
+        mode = ProcessingMode(
+            media_only=True,
+            raw_pixels=proc.normalization.raw_pixels_for({}),
+            device=proc.device,
+            user_kwargs={},
+        )
+        loaded = [parse_mm_data({args.modality: [item]}, media=proc.media) for item in items]
+        proc.process(prompt, {args.modality: [items[0]]})  # first-call costs
+        misses, hits, bare = [], [], []
+        rounds = max(1, -(-args.requests // len(items)))
+        for _ in range(rounds):
+            proc.cache.clear()
+            with proc.recording_stages() as log:
+                for item in items:
+                    proc.process(prompt, {args.modality: [item]})
+            misses += log.clocks
+            with proc.recording_stages() as log:
+                for item in items:
+                    proc.process(prompt, {args.modality: [item]})
+            hits += log.clocks
+            for mm_items in loaded:
+                start = time.perf_counter()
+                proc.model.process_mm_data(
+                    proc.ctx, mode, prompt, mm_items, proc.hf_processor, kwargs
+                )
+                bare.append(time.perf_counter() - start)
+
+    def medians(clocks: list[Any]) -> dict[str, float]:
+        per_stage = {
+            stage: statistics.median(c.seconds.get(stage, 0.0) for c in clocks) * 1e3
+            for stage in STAGES
+        }
+        return {**per_stage, "total": statistics.median(c.total for c in clocks) * 1e3}
+
+    miss = medians(misses)
+    bare_ms = statistics.median(bare) * 1e3
+    target = max(5.0, 0.1 * bare_ms)
+    return {
+        "requests": len(misses),
+        "miss_ms": miss,
+        "hit_ms": medians(hits),
+        "bare_hf_call_ms": bare_ms,
+        "overhead_ms": miss["total"] - bare_ms,
+        "overhead_target_ms": target,
+        "overhead_target_met": miss["total"] - bare_ms <= target,
+    }
+
+
+def _print_stages(stages: dict[str, Any]) -> None:
+    from mmproc.stages import STAGES
+
+    miss, hit = stages["miss_ms"], stages["hit_ms"]
+    print(
+        f"\nstages (one worker, median ms of {stages['requests']} requests; a miss with the "
+        "cache on, then the same item as a hit)"
+    )
+    print(f"{'stage':<15} {'miss':>8} {'hit':>8}  what")
+    for stage, what in STAGES.items():
+        print(f"{stage:<15} {miss[stage]:>8.3f} {hit[stage]:>8.3f}  {what}")
+    print(f"{'total':<15} {miss['total']:>8.3f} {hit['total']:>8.3f}")
+    verdict = "met" if stages["overhead_target_met"] else "MISSED"
+    print(
+        f"bare HF call (process_mm_data on the caller's thread): {stages['bare_hf_call_ms']:.3f} "
+        f"ms; a miss costs {stages['overhead_ms']:+.3f} ms over it (target <= "
+        f"{stages['overhead_target_ms']:.1f} ms: {verdict})"
+    )
+
+
 def _print_report(report: dict[str, Any]) -> None:
     print(
         f"model: {report['model']}\n{report['architecture']} (plugin {report['plugin']}), "
@@ -251,6 +339,7 @@ def run_bench(args: argparse.Namespace) -> int:
         folder, described = open_model(args.model, Path(tmp))
         rows = [_measure_workers(folder, options, w, args, items) for w in args.workers]
         wire = _measure_cache_and_wire(folder, options, args, items)
+        stages = _measure_stages(folder, options, args, items) if args.stages else None
         with get_processor(folder, workers=1, warm_up=False, **options) as proc:
             architecture, plugin = proc.ctx.architecture, proc.ctx.plugin
     item = {
@@ -271,8 +360,12 @@ def run_bench(args: argparse.Namespace) -> int:
         "cache": {k: v for k, v in wire.items() if k.startswith("cache")},
         "wire": {k: v for k, v in wire.items() if not k.startswith("cache")},
     }
+    if stages is not None:
+        report["stages"] = stages
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         _print_report(report)
+        if stages is not None:
+            _print_stages(stages)
     return 0

@@ -24,9 +24,10 @@ ranges; both paths give identical results (a tested promise).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,7 @@ from mmproc.prompt_update import (
     find_resolved_ranges,
     resolve_prompt_updates,
 )
+from mmproc.stages import NO_CLOCK, StageClock, StageLog
 
 if TYPE_CHECKING:
     from mmproc.fused_norm import NormSpec
@@ -91,6 +93,7 @@ class _Request:
     user_kwargs: dict[str, Any]
     raw: bool  # pixels come out raw (rescale and normalise off) for device normalisation
     owned: dict[str, Any] = field(default_factory=dict)  # its claims (mmproc.inflight)
+    clock: StageClock = NO_CLOCK  # where its time goes, when stages are being recorded
 
     @property
     def mm_counts(self) -> dict[str, int]:
@@ -150,6 +153,7 @@ class Processor:
         self._front_lock = threading.Lock()
         self._placeholder_ids = self._learn_placeholders()
         self._in_flight = InFlight()
+        self._stage_log: StageLog | None = None
         self._thread_state = threading.local()  # .processing: inside this processor's worker call
         self._io_pool = create_io_pool(options.io_workers)
         # Async requests are prepared (parsed, hashed, looked up) here, off the event loop; its
@@ -206,7 +210,8 @@ class Processor:
         ``multi_modal_uuids``: a named item is keyed by its id instead of its content hash (see
         :mod:`mmproc.cache_keys` for the trust this asks of the caller).
         """
-        answer = self._prepare(prompt, mm_data or {}, hf_kwargs, mm_uuids)
+        clock = self._new_clock()
+        answer = self._prepare(prompt, mm_data or {}, hf_kwargs, mm_uuids, clock)
         if isinstance(answer, ProcessedInputs):
             return answer
         if not getattr(self._thread_state, "processing", False):
@@ -216,7 +221,9 @@ class Processor:
                 answer = self._after_waiting(answer)
                 if isinstance(answer, ProcessedInputs):
                     return answer
-        return self._pool.run(self._process_prepared, answer)
+        result = self._pool.run(self._process_prepared, answer)
+        clock.mark("hops")
+        return result
 
     async def process_async(
         self,
@@ -228,10 +235,11 @@ class Processor:
     ) -> ProcessedInputs:
         """Like :meth:`process`, without blocking the event loop on loading or preprocessing."""
         loop = asyncio.get_running_loop()
+        clock = self._new_clock()
         # Not on the IO pool itself: preparing waits for decode jobs it puts on that pool, and
         # waiting inside the pool for the pool deadlocks once every IO thread does it.
         answer = await loop.run_in_executor(
-            self._prepare_pool, self._prepare, prompt, mm_data or {}, hf_kwargs, mm_uuids
+            self._prepare_pool, self._prepare, prompt, mm_data or {}, hf_kwargs, mm_uuids, clock
         )
         if isinstance(answer, ProcessedInputs):
             return answer
@@ -241,7 +249,9 @@ class Processor:
             answer = await loop.run_in_executor(self._prepare_pool, self._after_waiting, answer)
             if isinstance(answer, ProcessedInputs):
                 return answer
-        return await self._pool.run_async(self._process_prepared, answer)
+        result = await self._pool.run_async(self._process_prepared, answer)
+        clock.mark("hops")
+        return result
 
     def _after_waiting(self, request: _Request) -> _Request | ProcessedInputs:
         """A request whose items others were computing: what they left in the cache is a hit
@@ -261,14 +271,17 @@ class Processor:
         mm_data: Mapping[str, Any],
         hf_kwargs: Mapping[str, Any] | None,
         mm_uuids: Mapping[str, Any] | None,
+        clock: StageClock = NO_CLOCK,
     ) -> _Request | ProcessedInputs:
         """Parse, key and look up a request; the answer itself when every item is cached."""
+        clock.mark("hops")  # from the caller to the prepare pool, for async requests
         prompt = check_prompt(prompt)
         user_kwargs = dict(hf_kwargs or {})
         raw = self.normalization.raw_pixels_for(user_kwargs)
         digest = self._keys.context_digest(user_kwargs, raw)
         items = parse_mm_data(mm_data, io_pool=self._io_pool, media=self.media)
         self._check_modalities(items)
+        clock.mark("parse")
         ids = check_mm_uuids(mm_uuids, {m: len(v) for m, v in items.items()})
         keys: dict[str, list[str]] = {}
         hashes: dict[str, list[str]] = {}
@@ -287,7 +300,11 @@ class Processor:
                 keys[modality].append(key)
                 hashes[modality].append(shown)
         all_keys = [key for modality_keys in keys.values() for key in modality_keys]
-        request = _Request(prompt, items, keys, hashes, self._lookup(all_keys), user_kwargs, raw)
+        clock.mark("hash")
+        request = _Request(
+            prompt, items, keys, hashes, self._lookup(all_keys), user_kwargs, raw, clock=clock
+        )
+        clock.mark("lookup")
         if self._all_cached(request):
             return self._answer_from_cache(request)
         return request
@@ -316,12 +333,14 @@ class Processor:
 
     def _process_prepared(self, request: _Request, *, processor: Any) -> ProcessedInputs:
         """Runs on a worker thread with that thread's processor clone."""
+        request.clock.mark("hops")
         if self.cache.enabled and (misses := request.misses()):
             # Whatever other requests finished since this one was prepared (or while it waited
             # for them) is a hit now; the rest is claimed, so that requests arriving from here on
             # wait for it instead of computing it too.
             request.cached.update(self._lookup(misses, retry=True))
             request.owned = self._in_flight.claim(k for k in misses if k not in request.cached)
+            request.clock.mark("lookup")
         state = self._thread_state
         nested = getattr(state, "processing", False)
         state.processing = True
@@ -368,6 +387,7 @@ class Processor:
         else:
             if isinstance(request.prompt, str):
                 ids: list[int] = list(tokenizer(request.prompt)["input_ids"])
+                request.clock.mark("tokenize")
             else:
                 ids = request.prompt
             check_unused_placeholders(ids, self._placeholder_ids, request.mm_counts)
@@ -390,10 +410,19 @@ class Processor:
                     )
                 )
         features.sort(key=lambda f: f.placeholder.offset)
+        request.clock.mark("expand")
         prompt_outputs = self.model.get_prompt_outputs(
             self.ctx, processor, prompt_ids, placeholders
         )
+        request.clock.mark("prompt_outputs")
         return ProcessedInputs(prompt_ids, features, prompt_outputs)
+
+    def hf_call_kwargs(self, hf_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The keyword arguments the HF processor gets for a request with these ``hf_kwargs``
+        (the device, the raw-pixel switches, then the caller's own): to call it as the pipeline
+        does, e.g. to compare against it."""
+        user_kwargs = dict(hf_kwargs or {})
+        return self._hf_kwargs(user_kwargs, self.normalization.raw_pixels_for(user_kwargs))
 
     def _hf_kwargs(self, user_kwargs: Mapping[str, Any], raw: bool) -> dict[str, Any]:
         """What the HF processor gets: the device of a fast processor, the raw-pixel switches,
@@ -448,6 +477,8 @@ class Processor:
                 outputs = model.process_mm_data(ctx, mode, text, items, processor, kwargs)
             except ProcessingError as exc:
                 raise self._locate_failure(exc, missing, mode, kwargs, processor) from exc
+        clock = request.clock
+        clock.mark("hf_call")
         per_item = self._split(outputs, counts)
         cacheable = True
         if request.raw and not self.normalization.to_uint8(per_item):
@@ -457,11 +488,13 @@ class Processor:
             outputs = model.process_mm_data(ctx, mode, text, items, processor, kwargs)
             per_item = self._split(outputs, counts)
             cacheable = False  # their keys say "raw": never serve floats under them
+        clock.mark("split")
         expanded_ids = (
             _first_row(outputs["input_ids"]) if use_prompt and "input_ids" in outputs else None
         )
         updates = model.get_prompt_updates(ctx, processor, items, per_item)
         resolved = resolve_prompt_updates(updates, counts)
+        clock.mark("prompt_updates")
         to_cache = cacheable and self.cache.enabled
         computed = {
             key: CachedItem.of(entry, candidates, compact=to_cache)
@@ -478,6 +511,7 @@ class Processor:
             # of this request. Released claims leave `owned`, so they cannot be released twice.
             done = {key: request.owned.pop(key) for key in computed if key in request.owned}
             self._in_flight.release(done)
+        clock.mark("cache_insert")
         return computed, expanded_ids
 
     def _split(self, outputs: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:
@@ -516,6 +550,28 @@ class Processor:
             run,
             processor_name=f"the {self.ctx.architecture} processor (plugin {self.ctx.plugin!r})",
         )
+
+    # --- stage timing ------------------------------------------------------------------------
+
+    def _new_clock(self) -> StageClock:
+        log = self._stage_log
+        return NO_CLOCK if log is None else log.new_clock()
+
+    @contextlib.contextmanager
+    def recording_stages(self) -> Iterator[StageLog]:
+        """Record where each request started inside the ``with`` block spends its time.
+
+        Yields a :class:`mmproc.stages.StageLog` that collects one
+        :class:`~mmproc.stages.StageClock` per request (seconds per stage of
+        :data:`mmproc.stages.STAGES`); ``mmproc bench --stages`` prints them. Outside a
+        recording the pipeline's marks cost nothing.
+        """
+        log = StageLog()
+        self._stage_log = log
+        try:
+            yield log
+        finally:
+            self._stage_log = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
