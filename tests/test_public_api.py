@@ -60,3 +60,15 @@ def test_the_plugin_guide_has_a_section_for_every_hook_with_its_signature(hook: 
     assert f"\n### `{hook}({', '.join(params)})`\n" in guide, (
         f"docs/plugins.md lacks the section '### `{hook}({', '.join(params)})`'"
     )
+
+
+def test_mypy_checks_every_shipped_plugin() -> None:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    packages = {
+        str(path.relative_to(ROOT))
+        for path in ROOT.glob("plugins/*/mmproc_*")
+        if (path / "__init__.py").is_file()
+    }
+    assert packages and packages <= set(config["files"]), "add the plugin to [tool.mypy] files"

@@ -93,12 +93,10 @@ def load_midashenglm_processor(ctx: ModelContext) -> MiDashengLMProcessor:
             f"{ctx.architecture} (plugin {ctx.plugin!r}): cannot build the processor from "
             f"{folder}: {type(exc).__name__}: {exc}"
         ) from exc
-    tokens = {
-        name: getattr(tokenizer, name, None)
-        if isinstance(getattr(tokenizer, name, None), str)
-        else default
-        for name, default in _AUDIO_TOKEN_DEFAULTS.items()
-    }
+    tokens: dict[str, str] = {}
+    for name, default in _AUDIO_TOKEN_DEFAULTS.items():
+        own = getattr(tokenizer, name, None)
+        tokens[name] = own if isinstance(own, str) else default
     for name, token in tokens.items():
         if tokenizer.convert_tokens_to_ids(token) in (None, tokenizer.unk_token_id):
             raise ProcessorLoadError(

@@ -4,7 +4,7 @@ from mmproc import hookimpl
 
 
 @hookimpl
-def mmproc_register_models(registry):  # type: ignore[no-untyped-def]
+def mmproc_register_models(registry):
     """Serve MiDashengLM with :class:`mmproc_midashenglm.model.MiDashengLMModel`, and offer its
     demo model."""
     registry.register("MiDashengLMModel", "mmproc_midashenglm.model:MiDashengLMModel")

@@ -45,6 +45,7 @@ class PaddleOCRVLModel:
         from transformers import AutoTokenizer
         from transformers.models.paddleocr_vl.processing_paddleocr_vl import PaddleOCRVLProcessor
 
+        ImageProcessor: type[Any]
         if backend == "pil":
             from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (
                 PaddleOCRVLImageProcessorPil as ImageProcessor,

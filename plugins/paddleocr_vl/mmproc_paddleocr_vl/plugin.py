@@ -4,7 +4,7 @@ from mmproc import hookimpl
 
 
 @hookimpl
-def mmproc_register_models(registry):  # type: ignore[no-untyped-def]
+def mmproc_register_models(registry):
     """Serve PaddleOCR-VL with :class:`mmproc_paddleocr_vl.model.PaddleOCRVLModel`, and offer
     its demo model."""
     registry.register(

@@ -21,7 +21,6 @@ def load(folder: Path, **kwargs: Any) -> Any:
     return AutoProcessor.from_pretrained(folder, local_files_only=True, **kwargs)
 
 
-
 @pytest.fixture(scope="module", params=["hub", "save_pretrained"])
 def paddle(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_paddleocr_vl_folder(

@@ -121,6 +121,7 @@ _QWEN_VARIANTS: dict[str, dict[str, str]] = {
     },
 }
 
+
 def write_qwen2_vl_folder(
     path: str | Path,
     *,

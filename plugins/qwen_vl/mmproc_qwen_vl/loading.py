@@ -35,6 +35,8 @@ def load_qwen_processor(ctx: ModelContext) -> Any:
     from transformers import AutoTokenizer
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
+    ImageProcessor: type[Any]
+    ProcessorClass: type[Any]
     if backend == "pil":
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
             Qwen2VLImageProcessorPil as ImageProcessor,

@@ -6,7 +6,7 @@ ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGen
 
 
 @hookimpl
-def mmproc_register_models(registry):  # type: ignore[no-untyped-def]
+def mmproc_register_models(registry):
     """Serve Qwen2-VL and Qwen2.5-VL with :class:`mmproc_qwen_vl.model.QwenVLModel`, and offer
     a demo model of each."""
     registry.register(list(ARCHITECTURES), "mmproc_qwen_vl.model:QwenVLModel")

@@ -186,6 +186,7 @@ def load_sarashina2_processor(ctx: ModelContext) -> Sarashina2VisionProcessor:
     folder = ctx.require_model_path()
     from transformers import AutoTokenizer, PretrainedConfig
 
+    ImageProcessor: type[Any]
     if backend == "pil":
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
             Qwen2VLImageProcessorPil as ImageProcessor,

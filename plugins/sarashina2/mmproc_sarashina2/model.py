@@ -37,11 +37,11 @@ class Sarashina2VisionModel(QwenVLModel):
         return load_sarashina2_processor(ctx)
 
     @hookimpl
-    def get_dummy_text(self, mm_counts: Mapping[str, int]) -> str:
+    def get_dummy_text(self, ctx: ModelContext, mm_counts: Mapping[str, int]) -> str:
         """One ``<|prefix|><|file|><|suffix|>`` per image; the model takes no video."""
         return IMAGE_PLACEHOLDER * mm_counts.get("image", 0)
 
     @hookimpl
-    def media_format(self) -> MediaFormat | None:
+    def media_format(self, processor: Any) -> MediaFormat | None:
         """Images only: nothing to say about video or audio."""
         return None

@@ -4,7 +4,7 @@ from mmproc import hookimpl
 
 
 @hookimpl
-def mmproc_register_models(registry):  # type: ignore[no-untyped-def]
+def mmproc_register_models(registry):
     """Serve Sarashina2-Vision with :class:`mmproc_sarashina2.model.Sarashina2VisionModel`, and
     offer its demo model."""
     registry.register(
