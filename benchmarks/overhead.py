@@ -19,7 +19,11 @@ larger, on every row; and one worker at 1024x768, torchvision, float32 no slower
 14.1 ms (the figure of the issue; vLLM's own measured figure when ``--vllm`` is given).
 
 torch runs with its default intra-op threads (all cores) on every side; run with
-``OMP_NUM_THREADS=1`` for one thread.
+``OMP_NUM_THREADS=1`` for one thread. The two sides may run different transformers versions
+(vLLM's peer pins its own), whose image processors differ in speed; to compare on one version,
+run this script with the peer's interpreter and mmproc on the path (the qwen_vl plugin is then
+registered in-process): ``PYTHONPATH=core:plugins/qwen_vl PEER/bin/python benchmarks/overhead.py
+--vllm PEER/bin/python`` (the peer needs ``pip install pluggy xxhash`` for mmproc).
 
 Run: ``.venv/bin/python benchmarks/overhead.py [--requests 16] [--rounds 3] [--vllm PYTHON]``.
 """
@@ -69,7 +73,9 @@ VLLM_SERVER = textwrap.dedent(
             processors[uint8] = MULTIMODAL_REGISTRY.create_processor(config)
         return processors[uint8]
 
-    print(json.dumps({"ready": True}), flush=True)
+    import transformers, vllm
+    print(json.dumps({"versions": f"vLLM {vllm.__version__} on transformers "
+                      f"{transformers.__version__}"}), flush=True)
     for line in sys.stdin:
         command = json.loads(line)
         proc = processor(command["uint8"])
@@ -99,7 +105,7 @@ class VllmSide:
             stdout=subprocess.PIPE,
             text=True,
         )
-        self._read()
+        self.versions = self._read()["versions"]
 
     def _read(self) -> dict[str, Any]:
         assert self._process.stdout is not None
@@ -121,6 +127,21 @@ class VllmSide:
         self._process.wait(30)
 
 
+def _registry() -> Any:
+    """The process's registry when the qwen_vl plugin is installed; else (run from another
+    environment with the plugin on PYTHONPATH) one holding it in-process."""
+    from mmproc.registry import PluginStatus, Registry, get_registry
+
+    registry = get_registry()
+    if any(p.name == "qwen_vl" and p.status == PluginStatus.LOADED for p in registry.plugins()):
+        return registry
+    import mmproc_qwen_vl.plugin
+
+    registry = Registry(entry_points=False)
+    registry.add_plugin(mmproc_qwen_vl.plugin, name="qwen_vl")
+    return registry
+
+
 def _measure(
     folder: Path,
     backend: str,
@@ -135,7 +156,13 @@ def _measure(
         image.load()
         images.append(image)
     with mmproc.get_processor(
-        folder, workers=1, cache_bytes=0, warm_up=True, backend=backend, device_normalize=uint8
+        folder,
+        registry=_registry(),
+        workers=1,
+        cache_bytes=0,
+        warm_up=True,
+        backend=backend,
+        device_normalize=uint8,
     ) as proc:
         assert (proc.norm_spec is not None) == uint8, "device normalisation not as asked"
         prompt = proc.model.get_dummy_text(proc.ctx, {"image": 1})
@@ -181,7 +208,7 @@ def main() -> int:
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="mmproc-overhead-") as tmp:
-        folder, described = open_model("demo:qwen2-vl", Path(tmp))
+        folder, described = open_model("demo:qwen2-vl", Path(tmp), _registry())
         paths: dict[tuple[int, int], list[Path]] = {}
         for size in SIZES:
             paths[size] = []
@@ -191,7 +218,9 @@ def main() -> int:
                 paths[size].append(path)
         vllm = None
         if args.vllm:
-            with mmproc.get_processor(folder, workers=1, warm_up=False) as proc:
+            with mmproc.get_processor(
+                folder, registry=_registry(), workers=1, warm_up=False
+            ) as proc:
                 prompt = proc.model.get_dummy_text(proc.ctx, {"image": 1})
             vllm = VllmSide(args.vllm, folder, prompt)
         try:
@@ -211,9 +240,14 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    import transformers
+
+    if vllm is not None:
+        described += f"; {vllm.versions}"
     print(
-        f"{described}\none worker, cache off, torch {torch.get_num_threads()} intra-op threads; "
-        f"median ms of {args.rounds} x {args.requests} requests per side"
+        f"{described}\none worker, cache off, torch {torch.get_num_threads()} intra-op threads, "
+        f"mmproc on transformers {transformers.__version__}; median ms of {args.rounds} x "
+        f"{args.requests} requests per side"
     )
     header = (
         f"{'size':<10} {'backend':<12} {'pixels':<8} {'bare HF':>8} {'mmproc':>8} "

@@ -151,6 +151,66 @@ def test_hook_process_mm_data_is_told_how_it_is_called(build) -> None:
     assert prompt == IMAGE and kwargs["do_normalize"] is True
 
 
+def _recording_text(processor: Any, needs_text: bool) -> Any:
+    """``processor`` as an instance of a subclass that records the text of each call (and, with
+    ``needs_text``, refuses calls without any, as some processors do)."""
+    cls = NeedsTextProcessor if needs_text else TextRecordingProcessor
+    processor.__class__ = type(cls.__name__, (cls, type(processor)), {})
+    return processor
+
+
+class TextRecordingProcessor:
+    texts: ClassVar[list[Any]] = []
+
+    def __call__(self, *args: Any, text: Any = None, **kwargs: Any) -> Any:
+        self.texts.append(text)
+        return super().__call__(*args, text=text, **kwargs)  # type: ignore[misc]
+
+
+class NeedsTextProcessor(TextRecordingProcessor):
+    def __call__(self, *args: Any, text: Any = None, **kwargs: Any) -> Any:
+        if text is None:
+            self.texts.append(text)
+            raise ValueError("this processor needs text")
+        return super().__call__(*args, text=text, **kwargs)
+
+
+class RecordsTexts(Tiny):
+    needs_text: ClassVar[bool] = False
+
+    @hookimpl
+    def load_hf_processor(self, ctx):
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(ctx.require_model_path(), local_files_only=True)
+        return _recording_text(processor, self.needs_text)
+
+
+class RecordsTextsNeeded(RecordsTexts):
+    needs_text = True
+
+
+def test_the_default_process_mm_data_runs_media_alone_unless_the_processor_needs_text(
+    build,
+) -> None:
+    TextRecordingProcessor.texts.clear()
+    processor = build(RecordsTexts, device_normalize=False)
+    first = processor.process(f"a {IMAGE}", {"image": [image(60)]})
+    assert TextRecordingProcessor.texts == [None]  # the dummy text's ids are never used
+    processor.close()
+
+    TextRecordingProcessor.texts.clear()
+    needy = build(RecordsTextsNeeded, device_normalize=False)
+    again = needy.process(f"a {IMAGE}", {"image": [image(60)]})
+    needy.process(f"a {IMAGE}", {"image": [image(61)]})
+    # Refused once, then the text every time: the class is remembered.
+    assert TextRecordingProcessor.texts == [None, [IMAGE], [IMAGE]]
+    assert again.prompt_token_ids == first.prompt_token_ids
+    assert torch.equal(
+        again.features[0].data["pixel_values"], first.features[0].data["pixel_values"]
+    )
+
+
 # --- get_mm_fields ------------------------------------------------------------------------------
 
 

@@ -76,8 +76,9 @@ _KEY_MAGIC = b"mmproc-key/%d" % HASH_FORMAT_VERSION
 _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 # Chunk size for streaming PIL pixels into the hasher: small enough to stay in L2 cache, which is
-# what makes streaming ~4x faster than Image.tobytes() (one large buffer, then a join).
-_PIL_CHUNK = 1 << 16
+# what makes streaming ~2x faster than Image.tobytes() (one large buffer, then a join), and large
+# enough that the encoder's per-call cost stays small.
+_PIL_CHUNK = 1 << 18
 
 
 HASH_ALGORITHMS = ("blake3", "xxh3")

@@ -137,8 +137,8 @@ class ModelSpec:
         the HF processor besides text and media. The result maps output names (``input_ids``,
         ``pixel_values``, ...) to batched tensors. It must use the ``processor`` it is given (the
         worker thread's own clone), never one stored on the model. Return ``None`` to let the
-        default run (the HF processor called with each modality under its HF keyword). Called
-        on a worker-pool thread.
+        default run (the HF processor called with each modality under its HF keyword, and with
+        the text unless ``mode.media_only``). Called on a worker-pool thread.
         """
 
     @hookspec(firstresult=True)
