@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 from mmproc import engine
-from mmproc.engine import DEFAULT_PIXEL_KEYS, norm_module, prepare_feature, prepare_request
+from mmproc.engine import (
+    DEFAULT_PIXEL_KEYS,
+    NORM_CACHE_BYTES,
+    NORM_CACHE_ENTRIES,
+    norm_cache_info,
+    norm_module,
+    prepare_feature,
+    prepare_request,
+)
 from mmproc.errors import DecodeError
 from mmproc.fused_norm import (
     ChannelLayout,
@@ -185,3 +195,79 @@ def test_uint8_pixels_without_a_norm_spec_are_refused() -> None:
     # other uint8 outputs (not pixels) are moved as they are
     out = prepare_feature({"mask": raw}, None, device="cpu")
     assert out["mask"].dtype == torch.uint8
+
+
+# --- norm specs come from the message: nothing is built from one before it is checked ---------
+
+
+def hostile_request(layout: dict, pixels: torch.Tensor | None = None) -> list[Any]:
+    """A request of a few hundred bytes, as the wire carries it, whose norm spec asks for
+    ``layout``."""
+    from mmproc.wire import EngineRequest, WireFeature, encode_request
+
+    pixels = torch.zeros(1, 3, dtype=torch.uint8) if pixels is None else pixels
+    norm = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "rescale": 1 / 255, "layout": layout}
+    feature = WireFeature("image", 0, "h", 0, 1, None, {"pixel_values": pixels}, norm)
+    return encode_request(EngineRequest("hostile", [1], [feature]))
+
+
+@pytest.mark.parametrize(
+    ("layout", "field"),
+    [
+        ({"axis": -1, "block": 20_000_000}, "layout.block must be <= 1048576"),
+        ({"axis": -1, "block": 2**62}, "layout.block must be <= 1048576"),
+        ({"axis": -1, "block": 2**40}, "layout.block must be <= 1048576"),
+        ({"axis": -1, "tiles": 2**62, "block": 2**62}, "layout.block must be <= 1048576"),
+        ({"axis": -1, "block": 2**19}, "layout.tiles * channels * layout.block"),
+        ({"axis": -(2**63)}, "layout.axis must be >= -32"),
+    ],
+)
+def test_a_hostile_norm_spec_is_a_decode_error_and_builds_nothing(layout: dict, field: str) -> None:
+    from mmproc.wire import decode_request
+
+    frames = hostile_request(layout)
+    assert sum(len(frame) for frame in frames) < 400
+    before = norm_cache_info()
+    request = decode_request(frames)
+    with pytest.raises(DecodeError) as info:
+        prepare_request(request, device="cpu")
+    assert field in str(info.value) and "request 'hostile', feature 0" in str(info.value)
+    assert norm_cache_info() == before
+
+
+def test_a_spec_that_does_not_fit_its_pixels_builds_and_caches_no_module() -> None:
+    from mmproc.wire import decode_request
+
+    # Within every bound, but not the pixels' layout: refused before a module exists.
+    request = decode_request(hostile_request({"axis": -1, "block": 300_000}))
+    before = norm_cache_info()
+    with pytest.raises(DecodeError, match=r"'pixel_values': norm spec: .* length 900000"):
+        prepare_request(request, device="cpu")
+    assert norm_cache_info() == before
+
+
+def test_the_module_cache_is_bounded_in_bytes() -> None:
+    # Specs whose buffers take 6 MiB each, with pixels that fit them: more than the cache holds.
+    block = (3 << 20) // 12
+    pixels = torch.zeros(1, 3 * block, dtype=torch.uint8)
+    for index in range(8):
+        spec = NormSpec((0.5,) * 3, (0.5,) * 3, 1 / (255 + index), ChannelLayout(-1, block))
+        prepare_feature({"pixel_values": pixels}, spec, device="cpu")
+        assert norm_cache_info().nbytes <= NORM_CACHE_BYTES
+    assert norm_cache_info().entries <= NORM_CACHE_ENTRIES
+    # the most recent one is still cached
+    assert norm_module(spec, device="cpu") is norm_module(spec, device="cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_hostile_spec_allocates_nothing_on_the_gpu() -> None:
+    from mmproc.wire import decode_request
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for layout in ({"axis": -1, "block": 20_000_000}, {"axis": -1, "block": 300_000}):
+        request = decode_request(hostile_request(layout))
+        with pytest.raises(DecodeError, match="norm spec"):
+            prepare_request(request, device="cuda")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before

@@ -13,6 +13,8 @@ import torch
 from mmproc import fused_norm
 from mmproc.errors import ConfigurationError, DecodeError
 from mmproc.fused_norm import (
+    MAX_AXIS_LENGTH,
+    MAX_CHANNELS,
     ChannelLayout,
     FusedInputNorm,
     NormSpec,
@@ -457,6 +459,17 @@ def _wire(**changes):
         (_wire(pixel_keys=["a", "a"]), "pixel_keys"),
         (_wire(pixel_keys=["a", 3]), "pixel_keys"),
         (_wire(pixel_keys="pixel_values"), "'pixel_keys' must be a list"),
+        # sizes a message could use to make the engine build huge buffers
+        (_wire(layout_block=20_000_000), "layout.block must be <= 1048576"),
+        (_wire(layout_block=2**62), "layout.block must be <= 1048576"),
+        (_wire(layout_tiles=2**40), "layout.tiles must be <= 1048576"),
+        (_wire(layout_block=2**10, layout_tiles=2**11), "layout.block * layout.tiles"),
+        (_wire(layout_block=2**19), "layout.tiles * channels * layout.block must be <="),
+        (_wire(layout_axis=-33), "layout.axis must be >= -32"),
+        (_wire(mean=[0.5] * 65, std=[0.5] * 65), "mean must have at most 64 values"),
+        (_wire(pixel_keys=[f"k{i}" for i in range(17)]), "pixel_keys must name at most 16"),
+        (_wire(pixel_keys=["k" * 257]), "pixel_keys must be distinct names of 1 to 256"),
+        (_wire(std=[0.5, 1e-300, 0.5]), "channel 1: rescale / std and mean / std must fit"),
     ],
 )
 def test_bad_wire_specs_raise_decode_error_naming_the_field(wire, names: str) -> None:
@@ -476,6 +489,24 @@ def test_bad_specs_raise_configuration_error() -> None:
     spec = NormSpec(list(CLIP_MEAN), list(CLIP_STD), 1 / 255, QWEN_LAYOUT, ["pixel_values"])  # type: ignore[arg-type]
     assert spec.mean == CLIP_MEAN and spec.pixel_keys == ("pixel_values",)
     hash(spec)
+
+
+def test_every_size_a_spec_may_ask_for_builds_buffers_of_a_few_mib_at_most() -> None:
+    layout = ChannelLayout(axis=-1, block=MAX_AXIS_LENGTH // MAX_CHANNELS)
+    spec = NormSpec((0.5,) * MAX_CHANNELS, (0.5,) * MAX_CHANNELS, 1 / 255, layout)
+    module = FusedInputNorm(spec, dtype=torch.float32)
+    assert module.weight.nbytes + module.bias.nbytes == 8 * MAX_AXIS_LENGTH  # 8 MiB
+    with pytest.raises(ConfigurationError, match=r"layout\.tiles \* channels"):
+        NormSpec((0.5,) * 3, (0.5,) * 3, 1 / 255, ChannelLayout(axis=-1, block=MAX_AXIS_LENGTH))
+
+
+def test_check_shape_says_whether_a_tensor_has_the_channel_axis() -> None:
+    spec = NormSpec(CLIP_MEAN, CLIP_STD, 1 / 255, QWEN_LAYOUT)
+    spec.check_shape((4, 1176))
+    spec.check_shape((2, 4, 1176))
+    for shape in [(4, 1175), (1176, 4), ()]:
+        with pytest.raises(ConfigurationError, match="expects dimension -1 of length 1176"):
+            spec.check_shape(shape)
 
 
 def test_public_names() -> None:

@@ -389,3 +389,26 @@ def test_nesting_is_bounded_and_cycles_are_refused() -> None:
     for _ in range(20):
         ok = [ok]
     assert decode(encode(ok)) == ok
+
+
+@pytest.mark.parametrize(
+    ("setting", "match"),
+    [
+        ({"max_objects": 0}, "max_objects must be a positive int"),
+        ({"max_memory_ratio": 0}, "max_memory_ratio must be a positive int"),
+        ({"max_memory_ratio": 1.5}, "max_memory_ratio must be a positive int"),
+        ({"memory_allowance": -1}, "memory_allowance must be an int >= 0"),
+        ({"memory_allowance": True}, "memory_allowance must be an int >= 0"),
+    ],
+)
+def test_bad_memory_limits_are_configuration_errors(setting: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        DecodeLimits(**setting)
+
+
+def test_a_message_over_its_memory_budget_is_refused_naming_the_limit() -> None:
+    frames = encode([torch.zeros(1)] * 16)  # 16 tensor objects (~1 KiB each) in 200 bytes
+    strict = DecodeLimits(max_memory_ratio=1, memory_allowance=0)
+    with pytest.raises(DecodeError, match=r"bytes of objects.*DecodeLimits\.max_memory_ratio"):
+        decode(frames, limits=strict)
+    assert len(decode(frames)) == 16  # within the default budget's allowance

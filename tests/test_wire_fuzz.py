@@ -158,7 +158,7 @@ RAW = msgpack.ExtType(3, bytes(8))
         ([tensor_msg("uint8", [0, 2**64 - 1], msgpack.ExtType(3, b""))], "too large"),
         ([tensor_msg("uint8", [1] * 33, RAW)], "33 dimensions"),
         ([b"\x91" * 40 + b"\xc0"], "nested deeper than 32"),
-        ([b"\x91" * 5000 + b"\xc0"], "not a valid msgpack body"),  # msgpack's own stack
+        ([b"\x91" * 5000 + b"\xc0"], "nested deeper than 32"),  # refused as it is read
     ],
 )
 def test_malformed_messages_raise_decode_error(frames: Any, match: str) -> None:
@@ -220,6 +220,100 @@ def test_container_limit_is_exact_at_the_boundary(containers: int) -> None:
         fewer = DecodeLimits(max_containers=containers - 1, max_depth=256)
         with pytest.raises(DecodeError, match=f"more than {containers - 1} arrays and maps"):
             decode([body], limits=fewer)
+
+
+# --- what a body may cost: the memory budget ---------------------------------------------------
+
+KIB = 1024
+
+
+def request_body(params_value: bytes) -> bytes:
+    """The body of an engine request whose params hold one raw msgpack value, written byte by
+    byte so that it can be anything a parser must survive."""
+    head = msgpack.packb(
+        {
+            "schema_version": 2,
+            "request_id": "r",
+            "prompt_token_ids": ["<i8", [1], msgpack.ExtType(3, bytes(8))],
+            "features": [],
+        }
+    )
+    return b"\x85" + head[1:] + msgpack.packb("params") + b"\x81\xa1x" + params_value
+
+
+def chunked(item: bytes, size: int, per_chunk: int = 1000) -> bytes:
+    """An array of arrays of ``per_chunk`` copies of ``item``, about ``size`` bytes in all: each
+    array claims no more than the bytes that follow it, and costs what its items cost."""
+    chunk = b"\xdc" + struct.pack(">H", per_chunk) + item * per_chunk
+    count = max(1, size // len(chunk))
+    return b"\xdd" + struct.pack(">I", count) + chunk * count
+
+
+# One byte (or a few) of body each, and far more in memory as Python objects.
+AMPLIFIERS = {
+    "empty arrays": b"\x90",
+    "empty maps": b"\x80",
+    "one-entry maps": b"\x81\xa0\xc0",
+    "ints -32..-6": b"\xf0",
+    "two-char strings": b"\xa2ab",
+    "non-latin-1 chars": b"\xa2\xc4\x80",
+    "floats": b"\xca\x3f\x80\x00\x01",
+    "nils": b"\xc0",
+    "tiny tensors": b"\x93\xa5uint8\x91\x01\xd4\x03\x00",
+}
+
+
+@pytest.mark.parametrize("size", [4 * KIB, 256 * KIB])
+@pytest.mark.parametrize("item", AMPLIFIERS.values(), ids=list(AMPLIFIERS))
+def test_a_body_of_tiny_values_allocates_no_more_than_its_budget(item: bytes, size: int) -> None:
+    body = request_body(chunked(item, size))
+    limits = DecodeLimits()
+    tracemalloc.start()
+    try:
+        try:
+            decode_request([body], limits=limits)
+        except DecodeError as exc:
+            assert "bytes of objects" in str(exc), exc  # refused for what it would cost
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # The budget charges every object before it exists, at an upper bound of its size.
+    assert peak <= max(limits.max_memory_ratio * len(body), limits.memory_allowance)
+
+
+def test_a_request_that_is_not_a_map_is_refused_before_its_body_is_parsed() -> None:
+    count = 4 << 20
+    body = b"\xdd" + struct.pack(">I", count) + b"\x90" * count  # 4 Mi empty arrays
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeError, match="engine request must be a map, got a msgpack array"):
+            decode_request([body])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * KIB
+
+
+def test_the_values_of_a_body_are_counted() -> None:
+    limits = DecodeLimits(max_objects=1000)
+    with pytest.raises(DecodeError, match="more than 1000 values"):
+        decode_request([request_body(chunked(b"\xc0", 4 * KIB, per_chunk=100))], limits=limits)
+    # An array claiming more items than values are left is refused before its slots exist.
+    claim = request_body(b"\xdd" + struct.pack(">I", 1 << 20) + b"\xc0" * (1 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeError, match="more than 1000 values"):
+            decode_request([claim], limits=limits)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * KIB
+
+
+def test_a_map_key_must_be_a_string_when_read_value_by_value() -> None:
+    body = request_body(chunked(b"\x81\x01\xc0", 64 * KIB))  # maps keyed by the int 1
+    with pytest.raises(DecodeError, match="map key 0 is a msgpack int"):
+        decode_request([body])
 
 
 # --- property-based fuzzing -----------------------------------------------------------------------
@@ -301,6 +395,29 @@ def test_valid_values_round_trip(value: Any, threshold: int) -> None:
     assert same(decode(frames), value)
     # what went over the wire can be decoded from plain bytes too
     assert same(decode([bytes(frame) for frame in frames]), value)
+
+
+def values_in(tree: Any) -> int:
+    """How many msgpack values a raw tree holds (map keys included)."""
+    if isinstance(tree, list):
+        return 1 + sum(map(values_in, tree))
+    if isinstance(tree, dict):
+        return 1 + sum(values_in(key) + values_in(value) for key, value in tree.items())
+    return 1
+
+
+@FUZZ
+@given(value=values, threshold=thresholds)
+def test_a_body_read_value_by_value_decodes_as_one_read_whole(value: Any, threshold: int) -> None:
+    frames = encode_or_reject(value, threshold)
+    body = frames[0]
+    count = values_in(msgpack.unpackb(body, strict_map_key=False))
+    if count >= len(body):
+        reject()  # every value one byte: no limit below the body's size lets it through
+    # A limit on values below the body's size rules out the one-call parse.
+    limits = DecodeLimits(max_objects=len(body) - 1)
+    assert same(decode(frames, limits=limits), value)
+    assert same(decode([bytes(frame) for frame in frames], limits=limits), value)
 
 
 @FUZZ

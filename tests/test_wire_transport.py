@@ -26,6 +26,7 @@ from mmproc.wire import (
     encode,
     encode_request,
 )
+from mmproc.wire.delivery import Envelope, unpack_reply
 
 # Generous: only reached when something is broken, never a measure of speed.
 WAIT = 10.0
@@ -100,19 +101,20 @@ def test_receive_side_decodes_over_zmq_frames_without_copy(
     ipc_address: str, context: zmq.Context
 ) -> None:
     pixels = torch.randn(256, 1024)
-    pull = context.socket(zmq.PULL)
-    pull.bind(ipc_address)
+    router = context.socket(zmq.ROUTER)
+    router.bind(ipc_address)
     try:
-        with RequestSender(ipc_address, context=context) as sender:
+        with RequestSender(ipc_address, context=context, linger=0) as sender:
             sender.send(make_request("zc", pixels), timeout=WAIT)
-            assert pull.poll(int(WAIT * 1000))
-            frames = pull.recv_multipart(copy=False)
+            assert router.poll(int(WAIT * 1000))
+            # the sender's identity and its delivery envelope, then the request's frames
+            _, _, *frames = router.recv_multipart(copy=False)
         wire = decode(frames)
         received = wire["features"][0]["data"]["pixel_values"]
         assert received.data_ptr() == np.frombuffer(frames[1], dtype=np.uint8).ctypes.data
         assert torch.equal(received, pixels)
     finally:
-        pull.close(linger=0)
+        router.close(linger=0)
 
 
 class RecordingSocket:
@@ -144,7 +146,9 @@ def test_small_frames_are_copied_and_large_tensor_frames_sent_zero_copy_and_trac
         recorder = RecordingSocket(sender._socket)
         sender._socket = recorder  # type: ignore[assignment]
         tracker = sender.send(request, timeout=WAIT)
-        body, pixels, little = recorder.sends  # the grid is inline: three frames
+        # the delivery envelope, then the request: the grid is inline, three frames
+        envelope, body, pixels, little = recorder.sends
+        assert len(envelope[0]) == 40 and envelope[1:] == (True, False)
         assert isinstance(body[0], bytes) and body[1:] == (True, False)
         assert pixels[1:] == (False, True)  # zero-copy, tracked
         assert address(pixels[0]) == big.data_ptr()  # the frame is the tensor's own memory
@@ -176,7 +180,7 @@ def test_a_large_body_goes_without_copy_and_is_not_tracked(ipc_address: str) -> 
         recorder = RecordingSocket(sender._socket)
         sender._socket = recorder  # type: ignore[assignment]
         tracker = sender.send(EngineRequest("long", ids, [], params), timeout=WAIT)
-        ((body, copy, track),) = recorder.sends
+        _, (body, copy, track) = recorder.sends  # after the delivery envelope
         assert len(body) > zmq.COPY_THRESHOLD and (copy, track) == (False, False)
         assert tracker.done and sender.pending == 0  # the body is immutable bytes
         got = receiver.recv(timeout=WAIT)
@@ -190,7 +194,7 @@ def test_long_prompt_ids_leave_as_one_zero_copy_frame(ipc_address: str) -> None:
         recorder = RecordingSocket(sender._socket)
         sender._socket = recorder  # type: ignore[assignment]
         sender.send(EngineRequest("long", ids), timeout=WAIT)
-        _, (frame, copy, track) = recorder.sends
+        _, _, (frame, copy, track) = recorder.sends  # envelope, body, token ids
         assert len(frame) == 8 * len(ids) and (copy, track) == (False, True)
         got = receiver.recv(timeout=WAIT)
         assert got is not None and got.prompt_token_ids == ids
@@ -258,15 +262,32 @@ def test_queues_are_bounded_by_high_water_marks(ipc_address: str) -> None:
             assert all(request is not None for request in got)
 
 
-def test_malformed_messages_are_counted_logged_and_skipped(
+def envelope(sequence: int, session: bytes = b"raw-peer-session") -> bytes:
+    """The delivery frame a RequestSender puts in front of a request, for a raw DEALER peer."""
+    return Envelope(session, sequence, 0, 1).pack()
+
+
+def replies(peer: zmq.Socket, count: int) -> list[tuple[bool, bytes, int, str]]:
+    """The next ``count`` replies a receiver sent to a raw peer."""
+    got = []
+    for _ in range(count):
+        assert peer.poll(int(WAIT * 1000))
+        (frame,) = peer.recv_multipart()
+        reply = unpack_reply(frame)
+        assert reply is not None
+        got.append(reply)
+    return got
+
+
+def test_malformed_messages_are_counted_logged_refused_and_skipped(
     ipc_address: str, context: zmq.Context, caplog: pytest.LogCaptureFixture
 ) -> None:
     limits = DecodeLimits(max_frames=4, max_total_bytes=1 << 20)
-    push = context.socket(zmq.PUSH)
-    push.connect(ipc_address)
+    peer = context.socket(zmq.DEALER)
+    peer.connect(ipc_address)
     try:
         with RequestReceiver(ipc_address, limits=limits) as receiver:
-            pickle_ext = msgpack.packb(msgpack.ExtType(1, b"cos\nsystem\n"))
+            pickle_ext = msgpack.packb({"params": msgpack.ExtType(1, b"cos\nsystem\n")})
             bad = [
                 [b"\xc1"],  # never-used msgpack byte
                 [pickle_ext],
@@ -275,23 +296,33 @@ def test_malformed_messages_are_counted_logged_and_skipped(
                 [b"\x90", bytes(600_000), bytes(600_000)],  # > max_total_bytes in total
                 encode({"schema_version": 99}),
             ]
-            for message in bad:
-                push.send_multipart(message)
-            push.send_multipart(encode_request(make_request("good")))
+            for sequence, message in enumerate(bad):
+                peer.send_multipart([envelope(sequence), *message])
+            peer.send_multipart(encode_request(make_request("no envelope")))
+            good = len(bad)
+            peer.send_multipart([envelope(good), *encode_request(make_request("good"))])
             with caplog.at_level(logging.WARNING, logger="mmproc.wire.transport"):
                 got = receiver.recv(timeout=WAIT)
             assert got is not None and got.request_id == "good"
-            assert receiver.bad_messages == len(bad)
-            assert receiver.last_error is not None and "schema version 99" in str(
+            assert receiver.bad_messages == len(bad) + 1
+            assert receiver.last_error is not None and "no mmproc delivery envelope" in str(
                 receiver.last_error
             )
             logged = [record.getMessage() for record in caplog.records]
-            assert len(logged) == len(bad)
+            assert len(logged) == len(bad) + 1
             assert any("pickle" in line for line in logged)
             assert any("more than 4 frames" in line for line in logged)
             assert any("larger than the limit" in line for line in logged)
+            # Each one with an envelope was answered: refused with its reason, or acknowledged.
+            answers = {
+                sequence: (ok, reason) for ok, _, sequence, reason in replies(peer, good + 1)
+            }
+            assert answers[good] == (True, "")
+            assert all(not answers[sequence][0] for sequence in range(good))
+            assert "schema version 99" in answers[good - 1][1]
+            assert "pickle" in answers[1][1]
     finally:
-        push.close(linger=0)
+        peer.close(linger=0)
 
 
 def test_oversized_frame_is_refused_by_zmq_and_the_receiver_keeps_serving(
@@ -299,13 +330,13 @@ def test_oversized_frame_is_refused_by_zmq_and_the_receiver_keeps_serving(
 ) -> None:
     limits = DecodeLimits(max_total_bytes=1 << 20)
     with RequestReceiver(ipc_address, limits=limits) as receiver:
-        push = context.socket(zmq.PUSH)
-        push.connect(ipc_address)
+        peer = context.socket(zmq.DEALER)
+        peer.connect(ipc_address)
         try:
             # MAXMSGSIZE: libzmq drops the connection instead of buffering a 2 MiB frame.
-            push.send_multipart([b"\x90", bytes(2 << 20)])
+            peer.send_multipart([envelope(0), b"\x90", bytes(2 << 20)])
         finally:
-            push.close(linger=1000)  # let it try to deliver: the receiver must refuse it
+            peer.close(linger=1000)  # let it try to deliver: the receiver must refuse it
         with RequestSender(ipc_address, context=context) as sender:
             sender.send(make_request("after"), timeout=WAIT)
             got = receiver.recv(timeout=WAIT)

@@ -11,34 +11,64 @@ from __future__ import annotations
 
 import math
 import numbers
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import torch
 
 from mmproc.errors import ConfigurationError, DecodeError
 
-__all__ = [
+# Plain sorted(), the order tests/test_fused_norm.py checks (ruff's RUF022 would group the
+# constants first instead).
+__all__ = [  # noqa: RUF022
     "ChannelLayout",
     "FusedInputNorm",
+    "MAX_AXIS_LENGTH",
+    "MAX_CHANNELS",
+    "MAX_NDIM",
+    "MAX_PIXEL_KEYS",
     "NormSpec",
     "raw_pixel_kwargs",
     "to_uint8_pixels",
 ]
 
+# A spec can arrive from an untrusted message and decides the size of the buffers the engine
+# builds (on its device): every size in it is bounded here, so that a spec alone can never ask
+# for more than a few MiB, whatever pixels come with it.
+
+MAX_CHANNELS: Final = 64
+"""Most channels a `NormSpec` may have values for (``mean`` and ``std`` entries)."""
+
+MAX_AXIS_LENGTH: Final = 1 << 20
+"""Longest channel axis a `ChannelLayout` may describe (``tiles * channels * block`` values): a
+`FusedInputNorm`'s two float32 buffers then take at most 8 MiB."""
+
+MAX_NDIM: Final = 32
+"""Deepest channel axis, counted from the end (``layout.axis >= -MAX_NDIM``); the wire's default
+`mmproc.wire.DecodeLimits.max_ndim` too."""
+
+MAX_PIXEL_KEYS: Final = 16
+"""Most output names a `NormSpec` may list in ``pixel_keys``."""
+
+_MAX_KEY_LENGTH: Final = 256
+
+# Weights and biases are stored as float32: a value beyond its range would become an infinity.
+_FLOAT32_MAX: Final = float(np.finfo(np.float32).max)
+
 
 def _int_field(name: str, value: Any) -> int:
     # bool is an int subclass; True as an axis or a size is a bug, not a value
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(f"{name} must be an int, got {value!r}")
+        raise ConfigurationError(f"{name} must be an int, got {_brief(value)}")
     return value
 
 
 def _float_field(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigurationError(f"{name} must be a number, got {value!r}")
+        raise ConfigurationError(f"{name} must be a number, got {_brief(value)}")
     value = float(value)
     if not math.isfinite(value):
         raise ConfigurationError(f"{name} must be finite, got {value!r}")
@@ -52,7 +82,8 @@ class ChannelLayout:
     Axis ``axis`` (negative: counted from the end, so leading batch dimensions do not matter) has
     length ``tiles * C * block``: ``tiles`` repetitions of ``C`` channel blocks, each block holding
     ``block`` consecutive values of one channel. Every dimension after ``axis`` belongs to the same
-    channel value. Examples:
+    channel value. ``axis`` lies in ``[-MAX_NDIM, -1]``; ``block * tiles`` (and so the axis length
+    with the spec's channels) is at most `MAX_AXIS_LENGTH`. Examples:
 
     - ``(N, C, H, W)``: ``ChannelLayout.channels_first()``, i.e. ``axis=-3``.
     - ``(N, H, W, C)``: ``ChannelLayout.channels_last()``, i.e. ``axis=-1``.
@@ -67,14 +98,23 @@ class ChannelLayout:
     tiles: int = 1
 
     def __post_init__(self) -> None:
-        if _int_field("layout.axis", self.axis) >= 0:
+        axis = _int_field("layout.axis", self.axis)
+        if axis >= 0:
             raise ConfigurationError(
-                f"layout.axis must be negative (counted from the last dimension), got {self.axis}"
+                f"layout.axis must be negative (counted from the last dimension), got {axis}"
             )
-        if _int_field("layout.block", self.block) < 1:
-            raise ConfigurationError(f"layout.block must be >= 1, got {self.block}")
-        if _int_field("layout.tiles", self.tiles) < 1:
-            raise ConfigurationError(f"layout.tiles must be >= 1, got {self.tiles}")
+        if axis < -MAX_NDIM:
+            raise ConfigurationError(f"layout.axis must be >= {-MAX_NDIM}, got {axis}")
+        for name, value in (("layout.block", self.block), ("layout.tiles", self.tiles)):
+            if _int_field(name, value) < 1:
+                raise ConfigurationError(f"{name} must be >= 1, got {value}")
+            if value > MAX_AXIS_LENGTH:
+                raise ConfigurationError(f"{name} must be <= {MAX_AXIS_LENGTH}, got {value}")
+        if self.block * self.tiles > MAX_AXIS_LENGTH:
+            raise ConfigurationError(
+                f"layout.block * layout.tiles must be <= {MAX_AXIS_LENGTH}, got "
+                f"{self.block} * {self.tiles}"
+            )
 
     @classmethod
     def channels_first(cls) -> ChannelLayout:
@@ -106,6 +146,12 @@ class NormSpec:
     channels sit along the tensor as ``layout`` says, in the outputs named by ``pixel_keys``.
     Sequences given for ``mean``, ``std`` and ``pixel_keys`` are stored as tuples, so a spec is
     hashable (the engine caches one module per spec and device).
+
+    Every value is checked on construction (`ConfigurationError`; `from_wire` makes it a
+    ``DecodeError``): at most `MAX_CHANNELS` channels, a channel axis of at most
+    `MAX_AXIS_LENGTH` values, weights and biases finite in float32, at most `MAX_PIXEL_KEYS`
+    output names. A spec is therefore cheap to build a module for; whether it fits a tensor is
+    `check_shape`'s question.
     """
 
     mean: tuple[float, ...]
@@ -126,13 +172,36 @@ class NormSpec:
         rescale = _float_field("rescale", self.rescale)
         if rescale <= 0:
             raise ConfigurationError(f"rescale must be > 0, got {rescale}")
-        if not isinstance(self.layout, ChannelLayout):
-            raise ConfigurationError(f"layout must be a ChannelLayout, got {self.layout!r}")
+        for index, (m, s) in enumerate(zip(mean, std, strict=True)):
+            if rescale / s > _FLOAT32_MAX or abs(m) / s > _FLOAT32_MAX:
+                raise ConfigurationError(
+                    f"channel {index}: rescale / std and mean / std must fit float32, got "
+                    f"rescale={rescale}, mean={m}, std={s}"
+                )
+        layout = self.layout
+        if not isinstance(layout, ChannelLayout):
+            raise ConfigurationError(f"layout must be a ChannelLayout, got {_brief(layout)}")
+        if layout.axis_length(len(mean)) > MAX_AXIS_LENGTH:
+            raise ConfigurationError(
+                f"layout.tiles * channels * layout.block must be <= {MAX_AXIS_LENGTH}, got "
+                f"{layout.tiles} * {len(mean)} * {layout.block}"
+            )
         keys = self.pixel_keys
         if isinstance(keys, str) or not isinstance(keys, Sequence) or not keys:
-            raise ConfigurationError(f"pixel_keys must be a non-empty list of names, got {keys!r}")
-        if not all(isinstance(k, str) and k for k in keys) or len(set(keys)) != len(keys):
-            raise ConfigurationError(f"pixel_keys must be distinct non-empty names, got {keys!r}")
+            raise ConfigurationError(
+                f"pixel_keys must be a non-empty list of names, got {_brief(keys)}"
+            )
+        if len(keys) > MAX_PIXEL_KEYS:
+            raise ConfigurationError(
+                f"pixel_keys must name at most {MAX_PIXEL_KEYS} outputs, got {len(keys)}"
+            )
+        if not all(isinstance(k, str) and 0 < len(k) <= _MAX_KEY_LENGTH for k in keys) or len(
+            set(keys)
+        ) != len(keys):
+            raise ConfigurationError(
+                f"pixel_keys must be distinct names of 1 to {_MAX_KEY_LENGTH} characters, "
+                f"got {_brief(keys)}"
+            )
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
         object.__setattr__(self, "rescale", rescale)
@@ -141,7 +210,14 @@ class NormSpec:
     @staticmethod
     def _channel_values(name: str, values: Any) -> tuple[float, ...]:
         if isinstance(values, str) or not isinstance(values, Sequence) or not values:
-            raise ConfigurationError(f"{name} must be a non-empty list of numbers, got {values!r}")
+            raise ConfigurationError(
+                f"{name} must be a non-empty list of numbers, got {_brief(values)}"
+            )
+        if len(values) > MAX_CHANNELS:
+            raise ConfigurationError(
+                f"{name} must have at most {MAX_CHANNELS} values (one per channel), "
+                f"got {len(values)}"
+            )
         return tuple(_float_field(f"{name}[{i}]", v) for i, v in enumerate(values))
 
     @property
@@ -157,6 +233,17 @@ class NormSpec:
             and all(m == 0.0 for m in self.mean)
             and all(s == 1.0 for s in self.std)
         )
+
+    def check_shape(self, shape: Sequence[int]) -> None:
+        """Raise `ConfigurationError` unless a tensor of ``shape`` has the channel axis the layout
+        describes (``layout.axis`` exists and has ``tiles * channels * block`` values)."""
+        axis = self.layout.axis
+        expected = self.layout.axis_length(self.num_channels)
+        if len(shape) < -axis or shape[axis] != expected:
+            raise ConfigurationError(
+                f"{self.layout} with {self.num_channels} channels expects dimension {axis} of "
+                f"length {expected}, got shape {tuple(shape)}"
+            )
 
     def weight_and_bias(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel ``rescale / std`` and ``-mean / std``, in float64."""
@@ -244,6 +331,18 @@ class NormSpec:
         return cls(mean=mean, std=std, rescale=rescale, layout=layout, pixel_keys=tuple(pixel_keys))
 
 
+# Error messages may quote values from an untrusted message: reprlib bounds the work and the
+# length, whatever the value's size.
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 48
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 6
+_REPR.maxlevel = 2
+
+
+def _brief(value: Any) -> str:
+    return _REPR.repr(value)
+
+
 def _per_channel(value: Any, num_channels: int) -> Any:
     if hasattr(value, "tolist"):  # numpy arrays and tensors
         value = value.tolist()
@@ -259,7 +358,8 @@ def _wire_mapping(what: str, data: Any, *, required: set[str], optional: set[str
     if missing := required - keys:
         raise DecodeError(f"{what} is missing field(s) {sorted(missing)}")
     if unknown := keys - required - optional:
-        raise DecodeError(f"{what} has unknown field(s) {sorted(map(str, unknown))}")
+        shown = sorted(str(key)[:48] for key in list(unknown)[:8])
+        raise DecodeError(f"{what} has unknown field(s) {shown}")
     return dict(data)
 
 
@@ -326,13 +426,10 @@ class FusedInputNorm(torch.nn.Module):
         """Normalise ``x`` (uint8 or float, channel axis as the spec's layout says)."""
         if x.dtype != torch.uint8 and not x.dtype.is_floating_point:
             raise ConfigurationError(f"FusedInputNorm takes uint8 or float input, got {x.dtype}")
-        axis = self.spec.layout.axis
-        expected = self.weight.shape[0]
-        if x.dim() < -axis or x.shape[axis] != expected:
-            raise ConfigurationError(
-                f"FusedInputNorm: {self.spec.layout} with {self.spec.num_channels} channels "
-                f"expects dimension {axis} of length {expected}, got shape {tuple(x.shape)}"
-            )
+        try:
+            self.spec.check_shape(x.shape)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"FusedInputNorm: {exc}") from None
         if self._identity:
             return x.to(self.dtype)
         if x.device.type != "cpu":

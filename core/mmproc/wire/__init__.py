@@ -6,8 +6,11 @@
   the received frames. `decode` is hardened (`DecodeLimits`) and raises only `DecodeError`.
 * `EngineRequest` / `WireFeature` -- the versioned request schema (`SCHEMA_VERSION`), with
   `encode_request` / `decode_request`.
-* `RequestSender` / `RequestReceiver` -- ZMQ PUSH / PULL over ``ipc://`` or ``tcp://``, zero-copy
-  and tracked, with bounded queues; the receiver counts and skips malformed messages.
+* `RequestSender` / `RequestReceiver` -- ZMQ DEALER / ROUTER over ``ipc://`` or ``tcp://``,
+  zero-copy and tracked, with bounded queues. The receiver acknowledges each request it hands to
+  the engine and refuses malformed ones; the sender re-sends what goes unacknowledged and reports
+  what it gives up on (`DeliveryFailure`); a receiver never hands out one request twice (the
+  guarantee, across restarts too, is in `mmproc.wire.transport`).
 
 Importing this package imports torch, numpy, msgpack and zmq; ``import mmproc`` does not import it.
 """
@@ -27,6 +30,7 @@ from mmproc.wire.codec import (
     encode,
     zero_copy_threshold,
 )
+from mmproc.wire.delivery import Delivery, DeliveryFailure
 from mmproc.wire.dtypes import DEFAULT_ALLOWED_DTYPES
 from mmproc.wire.schema import (
     SCHEMA_VERSION,
@@ -35,18 +39,30 @@ from mmproc.wire.schema import (
     decode_request,
     encode_request,
 )
-from mmproc.wire.transport import DEFAULT_HWM, RequestReceiver, RequestSender
+from mmproc.wire.transport import (
+    DEFAULT_ACK_TIMEOUT,
+    DEFAULT_HWM,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_WINDOW,
+    RequestReceiver,
+    RequestSender,
+)
 
 # Plain sorted(), the order tests/test_public_api.py checks for mmproc itself (ruff's RUF022
 # would group the constants first instead).
 __all__ = [  # noqa: RUF022
+    "DEFAULT_ACK_TIMEOUT",
     "DEFAULT_ALLOWED_DTYPES",
     "DEFAULT_HWM",
     "DEFAULT_LIMITS",
+    "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_DEPTH",
     "DEFAULT_THRESHOLD",
+    "DEFAULT_WINDOW",
     "DecodeError",
     "DecodeLimits",
+    "Delivery",
+    "DeliveryFailure",
     "EXT_RAW_VIEW",
     "EncodeError",
     "EngineRequest",

@@ -18,18 +18,19 @@ arrays are flagged read-only, and torch tensors (which torch cannot flag) must n
 -- ``.clone()`` one first if it needs to change.
 
 `decode` trusts nothing it is given. Before anything is built it checks frame count, byte totals
-and body size against `DecodeLimits`; the msgpack parse is bounded in containers and only ext type
-3 is accepted (nothing is ever unpickled); every tensor's dtype must be on the allow-list, its shape
-made of non-negative ints, ``prod(shape) * itemsize`` equal to the bytes it points at, frame
-indices in range and every aux frame referenced exactly once; nesting depth is bounded. Whatever
-is wrong surfaces as `mmproc.errors.DecodeError` naming the fault and where it was
-(``$.features[0].data.pixel_values``).
+and body size against `DecodeLimits`; the msgpack parse (`mmproc.wire.parse`) is bounded in
+values, containers, depth and memory, every object charged to a budget of
+``max_memory_ratio x the message's size`` (at least 256 KiB) before it is built, and only ext
+type 3 is accepted (nothing is ever unpickled); every tensor's dtype must be on the allow-list,
+its shape made of non-negative ints, ``prod(shape) * itemsize`` equal to the bytes it points at,
+frame indices in range and every aux frame referenced exactly once; each tensor object is
+charged to the same budget. Whatever is wrong surfaces as `mmproc.errors.DecodeError` naming
+the fault and where it was (``$.features[0].data.pixel_values``).
 """
 
 from __future__ import annotations
 
 import os
-import reprlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,17 @@ from mmproc.wire.dtypes import (
     DTypeSpec,
     build_dtype_table,
     is_dtype_name,
+)
+from mmproc.wire.parse import (
+    MAP_HEADERS,
+    MEMORY_ALLOWANCE,
+    WORST_BYTES_PER_BYTE,
+    MemoryBudget,
+    _Fault,
+    _short,
+    describe_first_byte,
+    parse_body,
+    parse_whole,
 )
 
 __all__ = [
@@ -123,42 +135,6 @@ def zero_copy_threshold(threshold: int | None = None) -> int:
     if value < 0:
         raise ConfigurationError(f"{THRESHOLD_ENV}={raw!r} must be >= 0 bytes")
     return value
-
-
-# --- faults carry the path to where they happened -------------------------------------------------
-
-
-class _Fault(Exception):
-    """Internal: what was wrong, plus the path, collected innermost first while unwinding."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.path: list[Any] = []
-
-    def where(self) -> str:
-        parts = ["$"]
-        for step in reversed(self.path):
-            if isinstance(step, int):
-                parts.append(f"[{step}]")
-            elif isinstance(step, str) and step.isidentifier() and len(step) <= 64:
-                parts.append(f".{step}")
-            else:
-                parts.append(f"[{repr(step)[:64]}]")
-        return "".join(parts)
-
-
-# Error messages quote values from untrusted messages: reprlib bounds the work and the length
-# (a plain repr of a 16 MiB string or a deep list would cost as much as the attack it reports).
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 48
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 6
-_REPR.maxlevel = 3
-
-
-def _short(value: object) -> str:
-    """A short, bounded-cost repr of a value from a message, for error messages."""
-    return _REPR.repr(value)
 
 
 def _ext_raw_view(data: bytes) -> msgpack.ExtType:
@@ -333,7 +309,8 @@ class _Encoder:
         the array's (the tensor's) memory and keeps it alive: nothing is copied."""
         # memoryview.cast refuses shapes with a zero in them; an empty array has no bytes anyway
         # (it gets here only with threshold 0).
-        self.frames.append(memoryview(array).cast("B") if array.nbytes else memoryview(b""))
+        frame = memoryview(array.data).cast("B") if array.nbytes else memoryview(b"")
+        self.frames.append(frame)
         return len(self.frames) - 1
 
     def _other(self, obj: Any, depth: int) -> Any:
@@ -422,7 +399,19 @@ class DecodeLimits:
     max_depth: int = DEFAULT_MAX_DEPTH
     """Deepest nesting of arrays and maps (a tensor takes two levels); at most 256."""
     max_containers: int = 1 << 18
-    """Most arrays and maps in the body; bounds the memory the parse itself allocates."""
+    """Most arrays and maps in the body."""
+    max_objects: int = 1 << 18
+    """Most msgpack values in the body (scalars, arrays, maps and map keys): each becomes a Python
+    object, and a body of many tiny values is parsed one value at a time (~0.2 us each)."""
+    max_memory_ratio: int = 12
+    """Most bytes of Python objects decoding may build per byte of the message (all frames), but
+    never fewer than ``memory_allowance``: the parse of the body, tensor and array objects, the
+    list of token ids. Every object is charged before it is built, at an upper bound of its size;
+    a message that would need more is refused. Measured peak RSS growth stays within 16x the
+    message size (``benchmarks/decode_memory.py``)."""
+    memory_allowance: int = MEMORY_ALLOWANCE
+    """Bytes any message may use however small (256 KiB: 16x a 16 KiB message): a request body
+    of up to ~0.9 KiB, whose worst case fits in it, is parsed in one C call without counting."""
     max_ndim: int = 32
     """Most dimensions in a tensor's shape."""
     max_prompt_tokens: int = 1 << 22
@@ -441,10 +430,17 @@ class DecodeLimits:
             "max_body_bytes",
             "max_depth",
             "max_containers",
+            "max_objects",
+            "max_memory_ratio",
             "max_ndim",
             "max_prompt_tokens",
         ):
             _positive(name, getattr(self, name))
+        allowance = self.memory_allowance
+        if isinstance(allowance, bool) or not isinstance(allowance, int) or allowance < 0:
+            raise ConfigurationError(
+                f"DecodeLimits.memory_allowance must be an int >= 0 bytes, got {allowance!r}"
+            )
         if self.max_depth > _DEPTH_CEILING:
             raise ConfigurationError(
                 f"DecodeLimits.max_depth must be <= {_DEPTH_CEILING}, got {self.max_depth}"
@@ -493,19 +489,6 @@ def _ext_hook(code: int, data: bytes) -> _Inline:
     )
 
 
-def _container_budget(limit: int) -> Callable[[Any], Any]:
-    remaining = limit
-
-    def count(container: Any) -> Any:
-        nonlocal remaining
-        remaining -= 1
-        if remaining < 0:
-            raise DecodeError(f"frame 0 holds more than {limit} arrays and maps")
-        return container
-
-    return count
-
-
 # torch warns once per process that a tensor over a read-only buffer is writable. Decoded tensors
 # are read-only views by contract (module docstring), so on the first such decode that one warning
 # is spent, silently, instead of reaching the user as noise.
@@ -523,13 +506,25 @@ def _frombuffer(buffer: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:
     return tensor
 
 
+# What one decoded tensor or array costs besides its data (a view over a frame): the Python
+# object, and for torch the tensor and storage implementations, rounded up.
+_TORCH_TENSOR_BYTES: Final = 1280
+_NUMPY_ARRAY_BYTES: Final = 384
+# The shortest tensor in a body, ``[dtype, [], data]``, takes 7 bytes: tensor objects cost at most
+# this much per byte of body.
+_TENSOR_BYTES_PER_BYTE: Final = _TORCH_TENSOR_BYTES // 7 + 1
+
+
 class _Decoder:
     """One decode call: validates the parsed tree and builds tensors over the frames."""
 
-    __slots__ = ("dtypes", "frames", "limits", "max_depth", "max_ndim", "used")
+    __slots__ = ("budget", "dtypes", "frames", "limits", "max_depth", "max_ndim", "used")
 
-    def __init__(self, limits: DecodeLimits, frames: list[memoryview]) -> None:
+    def __init__(
+        self, limits: DecodeLimits, frames: list[memoryview], budget: MemoryBudget | None
+    ) -> None:
         self.limits = limits
+        self.budget = budget
         self.dtypes = limits._dtypes
         self.max_depth = limits.max_depth
         self.max_ndim = limits.max_ndim
@@ -630,7 +625,7 @@ class _Decoder:
                 extent *= dim
                 if extent > _MAX_EXTENT:
                     raise _Fault(f"tensor shape {_short(shape)} is too large to represent")
-        if type(data) is _Inline:
+        if isinstance(data, _Inline):
             buffer: bytes | memoryview = data.data
         else:
             frames = self.frames
@@ -660,8 +655,11 @@ class _Decoder:
                 bad = np.frombuffer(buffer, dtype=np.uint8).max() > 1
             if bad:
                 raise _Fault(f"tensor {name} {shape} holds bytes other than 0 and 1")
+        torch_dtype = spec.torch_dtype
+        budget = self.budget
+        if budget is not None:  # None: the message is too small for the worst case to matter
+            budget.charge(_TORCH_TENSOR_BYTES if torch_dtype is not None else _NUMPY_ARRAY_BYTES)
         try:
-            torch_dtype = spec.torch_dtype
             if torch_dtype is not None:
                 if nbytes == 0:  # torch.frombuffer refuses empty buffers; nothing to share
                     return torch.empty(shape, dtype=torch_dtype)
@@ -682,7 +680,8 @@ class _Decoder:
         return array
 
 
-def _frame_views(frames: Sequence[Any], limits: DecodeLimits) -> list[memoryview]:
+def _frame_views(frames: Sequence[Any], limits: DecodeLimits) -> tuple[list[memoryview], int]:
+    """The frames as flat byte views, and their total size, within the frame and byte limits."""
     try:
         count = len(frames)
     except TypeError:
@@ -717,7 +716,7 @@ def _frame_views(frames: Sequence[Any], limits: DecodeLimits) -> list[memoryview
             f"frame 0 (the msgpack body) has {views[0].nbytes} bytes, more than the limit of "
             f"{limits.max_body_bytes}"
         )
-    return views
+    return views, total
 
 
 def decode(frames: Sequence[Any], *, limits: DecodeLimits | None = None) -> Any:
@@ -738,50 +737,65 @@ def _walk_all(tree: Any, decoder: _Decoder) -> Any:
 
 
 def decode_tree(
-    frames: Sequence[Any], limits: DecodeLimits | None, build: Callable[[Any, _Decoder], _T]
+    frames: Sequence[Any],
+    limits: DecodeLimits | None,
+    build: Callable[[Any, _Decoder], _T],
+    *,
+    root_map: str | None = None,
+    build_cost: tuple[int, int] = (0, 0),
 ) -> _T:
     """Internal to `mmproc.wire`: check and parse ``frames``, then return ``build(tree,
     decoder)``. ``tree`` is the raw msgpack tree, nothing in it checked or converted yet;
     ``build`` passes the parts it does not check itself through ``decoder.value(obj, path)`` or
-    ``decoder.tensor(obj, path)``. Afterwards every aux frame must have been used."""
+    ``decoder.tensor(obj, path)``. Afterwards every aux frame must have been used.
+
+    With ``root_map`` (what the message is, for the error), frame 0 must hold a map: checked on
+    its first byte, before anything is parsed. ``build_cost`` bounds what ``build`` itself
+    allocates: bytes per byte of body, plus bytes per byte of the whole message. When
+    ``decoder.budget`` is not None it must charge that there (None: the message is small enough
+    for its worst case to fit)."""
     if limits is None:
         limits = DEFAULT_LIMITS
-    views = _frame_views(frames, limits)
+    views, total = _frame_views(frames, limits)
     body = views[0]
+    size = body.nbytes
+    if root_map is not None and not (size and body[0] in MAP_HEADERS):
+        got = describe_first_byte(body[0]) if size else "nothing"
+        raise DecodeError(f"{root_map} must be a map, got a msgpack {got} (frame 0 byte 0)")
+    budget: MemoryBudget | None = None
     try:
-        if body.nbytes <= limits.max_containers:
-            # Every array and map takes at least one byte of the body, so a body this small
-            # cannot hold more than max_containers of them: the counting hooks (one Python call
-            # per container) would never fire, and are left out.
-            tree = msgpack.unpackb(
-                body,
-                use_list=True,
-                raw=False,
-                strict_map_key=True,
-                timestamp=0,
-                ext_hook=_ext_hook,
-            )
+        # The common case: a body small next to the whole message (its tensors travel as
+        # frames), whose worst case -- every byte an empty list, or a tensor -- fits the budget
+        # with room to spare. Then nothing needs counting.
+        per_body_byte, per_byte = build_cost
+        worst = size * (WORST_BYTES_PER_BYTE + _TENSOR_BYTES_PER_BYTE + per_body_byte)
+        if (
+            worst + total * per_byte
+            <= max(limits.max_memory_ratio * total, limits.memory_allowance)
+            and size <= limits.max_objects
+        ):
+            tree = parse_whole(body, limits.max_containers, _ext_hook)
         else:
-            count = _container_budget(limits.max_containers)
-            tree = msgpack.unpackb(
+            budget = MemoryBudget(limits.max_memory_ratio, total, limits.memory_allowance)
+            tree = parse_body(
                 body,
-                use_list=True,
-                raw=False,
-                strict_map_key=True,
-                timestamp=0,
+                budget=budget,
+                max_objects=limits.max_objects,
+                max_containers=limits.max_containers,
+                max_depth=limits.max_depth,
                 ext_hook=_ext_hook,
-                list_hook=count,
-                object_hook=count,
             )
     except DecodeError:
         raise
+    except _Fault as fault:
+        raise DecodeError(f"malformed message at {fault.where()}: {fault.reason}") from None
     except Exception as exc:
         # msgpack signals bad input with ValueError, TypeError, UnicodeDecodeError, StackError,
-        # ExtraData...; all of them mean the same thing here.
+        # ExtraData, OutOfData...; all of them mean the same thing here.
         raise DecodeError(
-            f"frame 0 is not a valid msgpack body: {type(exc).__name__}: {exc}"
+            f"frame 0 is not a valid msgpack body: {type(exc).__name__}: {str(exc)[:200]}"
         ) from None
-    decoder = _Decoder(limits, views)
+    decoder = _Decoder(limits, views, budget)
     try:
         result = build(tree, decoder)
     except _Fault as fault:

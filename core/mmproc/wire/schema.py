@@ -52,11 +52,10 @@ from mmproc.wire.codec import (
     Frame,
     _Decoder,
     _Encoder,
-    _Fault,
-    _short,
     decode_tree,
     encode_tree,
 )
+from mmproc.wire.parse import MemoryBudget, _Fault, _short
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -81,7 +80,9 @@ _FEATURE_KEYS: Final = (
     "norm",
 )
 _REQUEST_KEYS: Final = ("schema_version", "request_id", "prompt_token_ids", "features", "params")
-_KEY_SETS: Final = {keys: frozenset(keys) for keys in (_FEATURE_KEYS, _REQUEST_KEYS)}
+_KEY_SETS: Final[dict[tuple[str, ...], frozenset[str]]] = {
+    keys: frozenset(keys) for keys in (_FEATURE_KEYS, _REQUEST_KEYS)
+}
 _FEATURE_KEY_SET: Final = _KEY_SETS[_FEATURE_KEYS]
 _REQUEST_KEY_SET: Final = _KEY_SETS[_REQUEST_KEYS]
 
@@ -141,9 +142,22 @@ def _token_array(ids: list[int]) -> np.ndarray:
         raise ValueError(f"EngineRequest.prompt_token_ids: {fault.reason}") from None
 
 
-def _token_list(value: Any, max_tokens: int | None) -> list[int]:
+# What one token id costs as an item of the engine's list: an int object and its slot.
+_TOKEN_ID_BYTES: Final = 40
+# What one decoded feature costs besides its parsed map and tensors: the WireFeature, its data
+# dict and its entry in the request's duplicate check.
+_FEATURE_BYTES: Final = 512
+# Bounds of both: a feature's map takes at least 67 bytes of body (its eight keys alone take 58),
+# a token id 8 bytes of the message (its array may be a frame of its own).
+_BUILD_COST: Final = (_FEATURE_BYTES // 64, _TOKEN_ID_BYTES // 8)
+
+
+def _token_list(
+    value: Any, max_tokens: int | None, budget: MemoryBudget | None = None
+) -> list[int]:
     """Decoded token ids: a 1-D ``"<i8"`` array of at most ``max_tokens`` ids in [0, 2**63), as
-    the list the engine gets. Checked as one array, never int by int, before any int is made."""
+    the list the engine gets, paid for in ``budget`` (if any) first. Checked as one array, never
+    int by int, before any int is made."""
     if type(value) is not np.ndarray or value.dtype != _TOKEN_DTYPE or value.ndim != 1:
         if isinstance(value, np.ndarray):
             got = f"{value.dtype.str} array of shape {value.shape}"
@@ -161,6 +175,13 @@ def _token_list(value: Any, max_tokens: int | None) -> list[int]:
         )
     if value.size and value.min() < 0:
         raise DecodeError("bad engine request: prompt_token_ids must lie in [0, 2**63)")
+    if budget is not None:
+        try:
+            budget.charge(_TOKEN_ID_BYTES * len(value))
+        except _Fault as fault:
+            raise DecodeError(
+                f"engine request has {len(value)} prompt token ids: {fault.reason}"
+            ) from None
     return value.tolist()
 
 
@@ -204,7 +225,7 @@ def _norm_value(value: object, depth: int = 1) -> bool:
     kind = type(value)
     if kind in _NORM_SCALAR_TYPES or isinstance(value, _NORM_SCALARS):
         return True
-    if kind is list:
+    if isinstance(value, list) and kind is list:
         # One C-level pass settles the usual flat lists (per-channel mean / std, output names).
         types = set(map(type, value))
         if types <= _NUMBER_TYPES or types == _STR_ONLY:
@@ -541,7 +562,11 @@ def _build_feature(raw: Any, position: int, tensor: _Resolve) -> WireFeature:
 
 
 def _build_request(
-    obj: Any, tensor: _Resolve, value: _Resolve, max_tokens: int | None
+    obj: Any,
+    tensor: _Resolve,
+    value: _Resolve,
+    max_tokens: int | None,
+    budget: MemoryBudget | None = None,
 ) -> EngineRequest:
     if type(obj) is not dict:
         raise DecodeError(f"an engine request must be a map, got {type(obj).__name__}")
@@ -560,8 +585,14 @@ def _build_request(
         raise DecodeError(
             f"engine request features must be a list, got {type(raw_features).__name__}"
         )
+    if budget is not None and raw_features:
+        try:
+            budget.charge(_FEATURE_BYTES * len(raw_features))
+        except _Fault as fault:
+            fault.path.append("features")
+            raise
     features = [_build_feature(raw, position, tensor) for position, raw in enumerate(raw_features)]
-    ids = _token_list(tensor(obj["prompt_token_ids"], ("prompt_token_ids",)), max_tokens)
+    ids = _token_list(tensor(obj["prompt_token_ids"], ("prompt_token_ids",)), max_tokens, budget)
     params = value(obj["params"], ("params",))
     try:
         return EngineRequest._with_checked_ids(obj["request_id"], ids, features, params)
@@ -573,7 +604,7 @@ def _describe(value: object) -> str:
     return type(value).__name__ + (" holding a non-number" if type(value) is list else "")
 
 
-def _exact_keys(what: str, obj: dict[str, Any], expected: Sequence[str]) -> None:
+def _exact_keys(what: str, obj: dict[str, Any], expected: tuple[str, ...]) -> None:
     if obj.keys() == _KEY_SETS[expected]:  # one C-level set comparison on the good path
         return
     missing = [key for key in expected if key not in obj]
@@ -599,11 +630,21 @@ def encode_request(request: EngineRequest, *, threshold: int | None = None) -> l
 def decode_request(frames: Sequence[Any], *, limits: DecodeLimits | None = None) -> EngineRequest:
     """Decode frames made by `encode_request` into an `EngineRequest` whose tensors are read-only
     views over the frames. Anything malformed, a schema version mismatch included, raises
-    `DecodeError`. Custom ``limits`` must allow the ``"<i8"`` dtype the token ids travel in
-    (`RequestReceiver` checks that at start-up)."""
+    `DecodeError`. Frame 0 must hold a map, which is checked on its first byte before anything is
+    parsed; everything built on the way (parsed values, tensor objects, the token id list, the
+    features) is charged to the memory budget of ``limits`` first. Custom ``limits`` must allow
+    the ``"<i8"`` dtype the token ids travel in (`RequestReceiver` checks that at start-up)."""
     # Read the raw tree once, converting only where the schema holds tensors and params.
-    return decode_tree(frames, limits, _decode_request_tree)
+    return decode_tree(
+        frames,
+        limits,
+        _decode_request_tree,
+        root_map="an engine request",
+        build_cost=_BUILD_COST,
+    )
 
 
 def _decode_request_tree(tree: Any, decoder: _Decoder) -> EngineRequest:
-    return _build_request(tree, decoder.tensor, decoder.value, decoder.limits.max_prompt_tokens)
+    return _build_request(
+        tree, decoder.tensor, decoder.value, decoder.limits.max_prompt_tokens, decoder.budget
+    )

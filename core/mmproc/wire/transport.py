@@ -1,23 +1,49 @@
 """ZMQ transport for engine requests: `RequestSender` (front end) and `RequestReceiver` (engine).
 
-A PUSH socket on the front end, a PULL socket on the engine, ``ipc://`` or ``tcp://``. Each request
-is one multipart message: frame 0 the msgpack body, then one frame per large tensor. The sender
-hands ZMQ the tensors' own memory (``copy=False``, tracked): nothing is copied in Python, the
-frames keep the tensors alive until ZMQ has written them out, and `RequestSender.send` returns a
-``zmq.MessageTracker`` that says when the tensors may be modified again. Frames under pyzmq's
-``copy_threshold`` (64 KiB by default) are copied into ZMQ instead, as pyzmq would do anyway, since
-for those a copy is cheaper than zero-copy bookkeeping; the sender asks for that copy directly and
-tracks nothing for them, so a request made only of such frames gets a tracker that is done at
-once. Frame 0 is never tracked: it is a ``bytes`` object of the message's own that nothing else
-can modify (a large one still goes without a copy). Every larger aux frame is tracked, the token
-ids of a long prompt (8k tokens and more) included, although that array is the message's own.
-The receiver takes frames without copying and decodes tensors as read-only views over them.
+A DEALER socket on the front end, a ROUTER socket on the engine, ``ipc://`` or ``tcp://``. Each
+request is one multipart message: a delivery envelope (`mmproc.wire.delivery`), frame 0 the msgpack
+body, then one frame per large tensor. The sender hands ZMQ the tensors' own memory
+(``copy=False``, tracked): nothing is copied in Python, the frames keep the tensors alive until ZMQ
+has written them out, and `RequestSender.send` returns a ``zmq.MessageTracker`` that says when ZMQ
+has. Frames under pyzmq's ``copy_threshold`` (64 KiB by default) are copied into ZMQ instead, as
+pyzmq would do anyway, since for those a copy is cheaper than zero-copy bookkeeping; the sender
+asks for that copy directly and tracks nothing for them, so a request made only of such frames
+gets a tracker that is done at once. Frame 0 is never tracked: it is a ``bytes`` object of the
+message's own that nothing else can modify (a large one still goes without a copy). Every larger
+aux frame is tracked, the token ids of a long prompt (8k tokens and more) included, although that
+array is the message's own. The receiver takes frames without copying and decodes tensors as
+read-only views over them.
 
-Queues are bounded by high-water marks (messages): a sender blocks (or times out) when the engine
-falls behind, instead of buffering without limit. The receiver is the engine's attack surface: a
-message over the frame / byte limits is drained and dropped without being kept, a malformed one is
-counted (`RequestReceiver.bad_messages`), logged and skipped, and the receiver keeps serving. ZMQ's
-``MAXMSGSIZE`` also makes libzmq itself drop a peer that sends a frame larger than the byte limit.
+Delivery guarantee. The receiver acknowledges every request it hands to the engine (when `recv`
+returns it, or when the engine calls `RequestReceiver.ack` with ``auto_ack=False``), on the same
+connection, and answers a malformed one with a refusal that says why. The sender keeps each
+request until one of those arrives; without one for ``ack_timeout`` seconds it sends the request
+again (same sequence number, next attempt), and after ``max_attempts`` sends it gives up. Refused
+and given-up requests are reported by `RequestSender.take_failures`, with their request ids, so no
+request is lost silently: `RequestSender.flush` returns True only once every request sent has
+been acknowledged. A receiver never hands the engine the same request twice: a copy it has
+delivered before is dropped (and acknowledged again; it remembers what each sender has not
+settled yet, up to `mmproc.wire.delivery.DEDUP_ENTRIES` requests in all, far more than the
+senders' windows). That memory is the receiver process's own:
+a receiver that is killed and restarted forgets it, so a request the old process had handed to
+its engine but could not acknowledge before dying reaches the new one again, as a `Delivery` with
+``attempt > 1`` -- the one way an engine can see a request twice. An engine that must not run a
+request twice acknowledges only once it has recorded the request (``auto_ack=False``) and checks
+the ids of such re-deliveries against its record. A request given up on (no acknowledgement) may
+have reached an engine that died or stalled; re-sending it is the caller's call. With several
+receivers behind one sender, a re-send may reach another receiver than the first attempt did,
+which then counts as a restart: the guarantee above is per receiver. Re-sends, reading
+acknowledgements and giving up happen inside the sender's calls (`send`, `flush`,
+`unacknowledged`, `take_failures`): a sender left idle does them on its next call.
+
+Tensors must not be modified until their request is acknowledged, since a re-send reads them
+again. Queues are bounded: by high-water marks (messages), and by the sender's ``window`` of
+unsettled requests; a sender blocks (or times out) when the engine falls behind, instead of
+buffering without limit. The receiver is the engine's attack surface: a message over the frame /
+byte limits is drained and dropped without being kept, a malformed one is counted
+(`RequestReceiver.bad_messages`), logged, refused and skipped, and the receiver keeps serving.
+ZMQ's ``MAXMSGSIZE`` also makes libzmq itself drop a peer that sends a frame larger than the byte
+limit.
 
 Sockets are not thread-safe: a sender serialises its callers with a lock; a receiver belongs to the
 one thread that reads from it (`RequestReceiver.stop` is the one call safe from another thread).
@@ -39,14 +65,43 @@ import zmq
 
 from mmproc.errors import ConfigurationError, DecodeError
 from mmproc.wire.codec import DEFAULT_LIMITS, DecodeLimits, Frame, zero_copy_threshold
+from mmproc.wire.delivery import (
+    Delivery,
+    DeliveryFailure,
+    Envelope,
+    Outstanding,
+    ReceiverLedger,
+    SenderLedger,
+    pack_ack,
+    pack_refusal,
+    unpack_reply,
+)
 from mmproc.wire.schema import EngineRequest, decode_request, encode_request
 
-__all__ = ["DEFAULT_HWM", "RequestReceiver", "RequestSender"]
+__all__ = [
+    "DEFAULT_ACK_TIMEOUT",
+    "DEFAULT_HWM",
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_WINDOW",
+    "RequestReceiver",
+    "RequestSender",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_HWM: Final = 64
 """Default high-water mark, in messages, of both ends' queues."""
+
+DEFAULT_ACK_TIMEOUT: Final = 10.0
+"""Default seconds a sender waits for an acknowledgement before sending a request again. A
+request waits in both ends' queues before the engine takes it: keep this well above the time the
+engine needs to drain them."""
+
+DEFAULT_MAX_ATTEMPTS: Final = 3
+"""Default number of times a sender sends a request (the first included) before giving up."""
+
+DEFAULT_WINDOW: Final = 256
+"""Default most requests a sender keeps unsettled (from the oldest to the newest)."""
 
 _SCHEMES: Final = ("ipc://", "tcp://")
 
@@ -57,6 +112,14 @@ _LOG_EVERY: Final = 1000
 
 # What `RequestSender.send` returns for a message ZMQ copied whole: done from the start.
 _DONE: Final = zmq.MessageTracker()
+
+# How long one wait for acknowledgements holds the sender's lock: other threads' sends get in
+# between.
+_WAIT_SLICE: Final = 0.05
+
+# Replies waiting for a slow sender, per sender: past it the receiver drops them (the sender then
+# re-sends, and the duplicate is acknowledged again).
+_REPLY_HWM: Final = 16384
 
 
 def _check_address(address: str) -> None:
@@ -144,13 +207,26 @@ class _Endpoint(abc.ABC):
         """Close the endpoint; idempotent."""
 
 
+def _check_positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigurationError(f"{name} must be > 0, got {value!r}")
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+
+
 class RequestSender(_Endpoint):
-    """The front end's end: sends `EngineRequest`s to an engine over a ZMQ PUSH socket.
+    """The front end's end: sends `EngineRequest`s to an engine over a ZMQ DEALER socket, and
+    keeps each until the engine acknowledges it (see the delivery guarantee in this module).
 
     ``address`` is an ``ipc://`` or ``tcp://`` endpoint, connected to (default) or bound
     (``bind=True``). ``threshold`` is the zero-copy threshold (default: env
     ``MMPROC_ZERO_COPY_THRESHOLD``, else 256 bytes), resolved once here so that a bad setting fails
-    at start-up. ``send_hwm`` bounds the outgoing queue in messages. ``linger`` is how long `close`
+    at start-up. ``send_hwm`` bounds the outgoing queue in messages, ``window`` the requests not
+    yet settled. A request unacknowledged for ``ack_timeout`` seconds is sent again, up to
+    ``max_attempts`` sends in all, then reported by `take_failures`. ``linger`` is how long `close`
     lets queued messages drain, in seconds. A ``context`` passed in is shared and left running;
     otherwise the sender owns one and terminates it on `close`. Safe to use from several threads.
     """
@@ -164,25 +240,35 @@ class RequestSender(_Endpoint):
         threshold: int | None = None,
         send_hwm: int = DEFAULT_HWM,
         linger: float = 1.0,
+        ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        window: int = DEFAULT_WINDOW,
     ) -> None:
         _check_hwm("send_hwm", send_hwm)
         if linger < 0:
             raise ConfigurationError(f"linger must be >= 0 seconds, got {linger}")
+        _check_positive("ack_timeout", ack_timeout)
+        _check_count("max_attempts", max_attempts)
+        _check_count("window", window)
         self._threshold = zero_copy_threshold(threshold)
         self._linger = linger
+        self._window = window
         self._lock = threading.Lock()
+        self._ledger = SenderLedger(float(ack_timeout), max_attempts)
         # Messages ZMQ may still be reading from: the tracker and the frames (which keep the
         # tensors alive; pyzmq holds them too, this makes the guarantee ours and lets flush wait).
         self._pending: deque[tuple[zmq.MessageTracker, list[Frame]]] = deque()
         super().__init__(
             address,
-            zmq.PUSH,
+            zmq.DEALER,
             bind=bind,
             context=context,
             # IMMEDIATE: queue only to engines actually connected, so that "no engine" shows
             # as back-pressure (a send timeout) instead of messages piling up for nobody.
+            # RCVHWM 0: replies are small and bounded by the window; none may be dropped here.
             options={
                 zmq.SNDHWM: send_hwm,
+                zmq.RCVHWM: 0,
                 zmq.LINGER: _milliseconds(linger) or 0,
                 zmq.IMMEDIATE: 1,
             },
@@ -200,54 +286,144 @@ class RequestSender(_Endpoint):
             self._prune()
             return len(self._pending)
 
+    @property
+    def unacknowledged(self) -> list[str]:
+        """Ids of the requests sent and not settled yet (neither acknowledged nor given up on),
+        oldest first. Reads the acknowledgements that have arrived first."""
+        with self._lock:
+            self._service()
+            return [entry.request_id for entry in self._ledger.outstanding.values()]
+
+    @property
+    def acknowledged(self) -> int:
+        """Requests acknowledged so far."""
+        with self._lock:
+            self._service()
+            return self._ledger.acknowledged
+
+    @property
+    def resent(self) -> int:
+        """Re-sends made so far (attempts after the first)."""
+        return self._ledger.resent
+
+    def take_failures(self) -> list[DeliveryFailure]:
+        """The requests given up on since the last call, oldest first: refused by a receiver,
+        or not acknowledged after ``max_attempts`` sends. Each is reported once."""
+        with self._lock:
+            self._service()
+            failures = self._ledger.failures
+            self._ledger.failures = []
+            return failures
+
     def send(self, request: EngineRequest, *, timeout: float | None = None) -> zmq.MessageTracker:
         """Encode and send one request; returns a tracker that is ``done`` once ZMQ no longer
-        reads the request's tensors (they must not be modified before).
+        reads the request's tensors. The sender keeps the request until it is acknowledged, and
+        a re-send reads the tensors again: modify them only after that (`flush`).
 
-        Blocks while the queue is at its high-water mark or no engine is connected; with
-        ``timeout`` (seconds) raises ``TimeoutError`` instead, having sent nothing. Raises
-        `mmproc.errors.EncodeError` for a request that cannot be encoded, and
-        ``RuntimeError`` once closed.
+        Blocks while the queue is at its high-water mark, the ``window`` of unsettled requests is
+        full, or no engine is connected; with ``timeout`` (seconds) raises ``TimeoutError``
+        instead, having sent nothing. Raises `mmproc.errors.EncodeError` for a request that cannot
+        be encoded, and ``RuntimeError`` once closed.
         """
         frames = encode_request(request, threshold=self._threshold)
-        return self._send_frames(frames, timeout)
-
-    def _send_frames(self, frames: list[Frame], timeout: float | None) -> zmq.MessageTracker:
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"RequestSender for {self._address} is closed")
-            socket = self._socket
-            if self._pending:
-                self._prune()
-            if timeout is not None and not socket.poll(_milliseconds(timeout), zmq.POLLOUT):
-                raise TimeoutError(
-                    f"no engine at {self._address} accepted the request within {timeout} s "
-                    "(none connected, or its queue is full)"
+            ledger = self._ledger
+            # Replies are read in batches, once half the window is in use (they wait in the
+            # socket meanwhile), and whenever a request is due to be sent again.
+            if 2 * ledger.span() >= self._window or time.monotonic() >= ledger.next_due:
+                self._service()
+            while ledger.span() >= self._window:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"{ledger.span()} requests to {self._address} are unsettled, the window "
+                        f"of {self._window}: the engine has not acknowledged them within "
+                        f"{timeout} s"
+                    )
+                self._await_replies(
+                    _WAIT_SLICE if remaining is None else min(_WAIT_SLICE, remaining)
                 )
-            # Below pyzmq's copy threshold a frame is copied whatever it is asked (a copy is
-            # cheaper than the bookkeeping of a zero-copy frame), so ask for exactly that and skip
-            # the tracking. Frame 0, the msgpack body, is a bytes object of this message alone:
-            # it goes zero-copy when large, but nobody can modify it, so it is never tracked.
-            # Only aux frames at or over the threshold, views of live tensors, are tracked.
-            copy_below = socket.copy_threshold
-            last = len(frames) - 1
-            trackers: list[zmq.MessageTracker] = []
-            for index, frame in enumerate(frames):
-                # ZMQ delivers multipart messages atomically: once the first part is queued the
-                # others are accepted too, so only the first send can block.
-                flags = zmq.SNDMORE if index < last else 0
-                if len(frame) < copy_below:
-                    socket.send(frame, flags)
-                elif index == 0:
-                    socket.send(frame, flags, copy=False)
-                else:
-                    trackers.append(socket.send(frame, flags, copy=False, track=True))
-            if not trackers:
-                return _DONE
-            tracker = trackers[0] if len(trackers) == 1 else zmq.MessageTracker(*trackers)
-            if not tracker.done:
-                self._pending.append((tracker, frames))
-            return tracker
+            entry = ledger.add(request.request_id, frames)
+            try:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                return self._send_frames(entry, remaining, timeout)
+            except BaseException:
+                ledger.forget(entry)
+                raise
+
+    def _send_frames(
+        self, entry: Outstanding, wait: float | None, timeout: float | None
+    ) -> zmq.MessageTracker:
+        socket = self._socket
+        if self._pending:
+            self._prune()
+        if wait is not None and not socket.poll(_milliseconds(wait), zmq.POLLOUT):
+            raise TimeoutError(
+                f"no engine at {self._address} accepted the request within {timeout} s "
+                "(none connected, or its queue is full)"
+            )
+        return self._write(entry, 0)
+
+    def _write(self, entry: Outstanding, first_flags: int) -> zmq.MessageTracker:
+        """Put the envelope and the frames of ``entry`` on the socket. ZMQ delivers multipart
+        messages atomically: once the first part is queued the others are accepted too, so only
+        the first send can block (or, with ``first_flags`` NOBLOCK, fail)."""
+        socket = self._socket
+        socket.send(self._ledger.envelope(entry), first_flags | zmq.SNDMORE)
+        # Below pyzmq's copy threshold a frame is copied whatever it is asked (a copy is
+        # cheaper than the bookkeeping of a zero-copy frame), so ask for exactly that and skip
+        # the tracking. Frame 0, the msgpack body, is a bytes object of this message alone:
+        # it goes zero-copy when large, but nobody can modify it, so it is never tracked.
+        # Only aux frames at or over the threshold, views of live tensors, are tracked.
+        frames = entry.frames
+        copy_below = socket.copy_threshold
+        last = len(frames) - 1
+        trackers: list[zmq.MessageTracker] = []
+        for index, frame in enumerate(frames):
+            flags = zmq.SNDMORE if index < last else 0
+            if len(frame) < copy_below:
+                socket.send(frame, flags)
+            elif index == 0:
+                socket.send(frame, flags, copy=False)
+            else:
+                trackers.append(socket.send(frame, flags, copy=False, track=True))
+        if not trackers:
+            return _DONE
+        tracker = trackers[0] if len(trackers) == 1 else zmq.MessageTracker(*trackers)
+        if not tracker.done:
+            self._pending.append((tracker, frames))
+        return tracker
+
+    def _service(self) -> None:
+        """Read the replies that have arrived, then re-send or give up on overdue requests.
+        Called with the lock held."""
+        socket = self._socket
+        ledger = self._ledger
+        while int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            parts = socket.recv_multipart(flags=zmq.NOBLOCK)
+            reply = unpack_reply(parts[0]) if len(parts) == 1 else None
+            if reply is None:
+                logger.warning("mmproc sender %s ignored a message that is no reply", self._address)
+                continue
+            acknowledged, session, sequence, reason = reply
+            ledger.settle(session, sequence, acknowledged, reason)
+        now = time.monotonic()
+        for entry in ledger.overdue(now):
+            ledger.resending(entry, now)
+            try:
+                self._write(entry, zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # no engine connected now: this attempt is spent all the same
+
+    def _await_replies(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for a reply (or an overdue request), then service. Called with
+        the lock held; keep ``seconds`` short, other threads wait for it."""
+        wait = min(seconds, max(0.0, self._ledger.next_due - time.monotonic()))
+        self._socket.poll(_milliseconds(wait), zmq.POLLIN)
+        self._service()
 
     def _prune(self) -> None:
         pending = self._pending
@@ -255,11 +431,25 @@ class RequestSender(_Endpoint):
             pending.popleft()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until ZMQ has released every tensor frame sent so far (every frame that views a
-        tensor's memory); False if ``timeout`` (seconds) ran out first."""
+        """Wait until every request sent so far is settled and ZMQ has released every tensor
+        frame; True if every one of them was acknowledged, False if some were given up on (see
+        `take_failures`) or ``timeout`` (seconds) ran out first. Re-sends overdue requests while
+        it waits."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            trackers = [tracker for tracker, _ in self._pending]
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError(f"RequestSender for {self._address} is closed")
+                self._service()
+                if not self._ledger.outstanding:
+                    trackers = [tracker for tracker, _ in self._pending]
+                    failed = bool(self._ledger.failures)
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                slice_ = _WAIT_SLICE if remaining is None else min(_WAIT_SLICE, remaining)
+                self._await_replies(slice_)
         for tracker in trackers:
             remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
             try:
@@ -268,29 +458,35 @@ class RequestSender(_Endpoint):
                 return False
         with self._lock:
             self._prune()
-        return True
+        return not failed
 
     def close(self) -> None:
         """Close the socket, letting queued messages drain for up to ``linger`` seconds; then the
-        frames are released. Idempotent."""
+        frames are released, and requests not yet acknowledged are forgotten (`flush` first to
+        learn what became of them). Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._shutdown(self._linger)
             self._pending.clear()
+            self._ledger.outstanding.clear()
 
 
 class RequestReceiver(_Endpoint):
-    """The engine's end: receives and decodes `EngineRequest`s from a ZMQ PULL socket.
+    """The engine's end: receives and decodes `EngineRequest`s from a ZMQ ROUTER socket, and
+    acknowledges each to its sender (see the delivery guarantee in this module).
 
     ``address`` is an ``ipc://`` or ``tcp://`` endpoint, bound (default) or connected to
     (``bind=False``). ``limits`` bound every message (`DecodeLimits`; its ``max_total_bytes``
     also becomes ZMQ's ``MAXMSGSIZE``). ``recv_hwm`` bounds the incoming queue in messages.
-    ``poll_interval`` (seconds) is how often iteration checks for `stop`.
+    ``poll_interval`` (seconds) is how often iteration checks for `stop`. With ``auto_ack`` (the
+    default) a request is acknowledged as it is handed out; without, the engine calls `ack` once
+    it has taken the request (until then, a copy the sender re-sends is dropped unanswered).
 
     Iterating yields decoded requests until `stop` or `close`. Decoded tensors are read-only views
     over the received frames. A malformed message is counted in `bad_messages`, kept in
-    `last_error`, logged, and skipped.
+    `last_error`, logged, refused to its sender, and skipped; a copy of a request already handed
+    out is counted in `duplicates` and skipped.
     """
 
     def __init__(
@@ -302,6 +498,7 @@ class RequestReceiver(_Endpoint):
         limits: DecodeLimits | None = None,
         recv_hwm: int = DEFAULT_HWM,
         poll_interval: float = 0.1,
+        auto_ack: bool = True,
     ) -> None:
         _check_hwm("recv_hwm", recv_hwm)
         if poll_interval <= 0:
@@ -314,21 +511,30 @@ class RequestReceiver(_Endpoint):
             )
         self._poll_ms = max(1, round(poll_interval * 1000))
         self._stop = threading.Event()
+        self._auto_ack = bool(auto_ack)
+        self._ledger = ReceiverLedger()
+        # Deliveries awaiting the engine's ack (auto_ack=False), by request (compared by identity).
+        self._unacked: dict[EngineRequest, tuple[bytes, Envelope]] = {}
         self.received = 0
         """Requests decoded and handed out."""
         self.bad_messages = 0
         """Messages rejected as malformed or over the limits."""
+        self.duplicates = 0
+        """Copies of requests already handed out (re-sent by their sender), dropped."""
         self.last_error: DecodeError | None = None
         """Why the most recent bad message was rejected."""
         super().__init__(
             address,
-            zmq.PULL,
+            zmq.ROUTER,
             bind=bind,
             context=context,
+            # LINGER: acknowledgements still queued at close get a moment to leave, so that a
+            # clean shutdown does not make senders re-send what was taken.
             options={
                 zmq.RCVHWM: recv_hwm,
+                zmq.SNDHWM: _REPLY_HWM,
                 zmq.MAXMSGSIZE: self._limits.max_total_bytes,
-                zmq.LINGER: 0,
+                zmq.LINGER: 1000,
             },
         )
         self._poller = zmq.Poller()
@@ -339,10 +545,29 @@ class RequestReceiver(_Endpoint):
         """The bounds every received message is held to."""
         return self._limits
 
+    @property
+    def auto_ack(self) -> bool:
+        """Whether requests are acknowledged as they are handed out."""
+        return self._auto_ack
+
     def recv(self, timeout: float | None = None) -> EngineRequest | None:
         """The next well-formed request, or None when ``timeout`` (seconds) passes without one
-        (None: wait as long as it takes). Bad messages met meanwhile are counted and skipped."""
+        (None: wait as long as it takes). Bad messages and duplicates met meanwhile are counted
+        and skipped."""
+        taken = self._next(timeout)
+        return None if taken is None else taken[0]
+
+    def recv_delivery(self, timeout: float | None = None) -> Delivery | None:
+        """Like `recv`, with the request's sender, sequence number and attempt."""
+        taken = self._next(timeout)
+        if taken is None:
+            return None
+        request, envelope = taken
+        return Delivery(request, envelope.session.hex(), envelope.sequence, envelope.attempt)
+
+    def _next(self, timeout: float | None) -> tuple[EngineRequest, Envelope] | None:
         deadline = None if timeout is None else time.monotonic() + timeout
+        socket = self._socket
         while True:
             if self._closed:
                 raise RuntimeError(f"RequestReceiver for {self._address} is closed")
@@ -355,14 +580,69 @@ class RequestReceiver(_Endpoint):
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
-            first = self._socket.recv(copy=False)
+            # The sender's identity (ROUTER's own frame) and the envelope are a few bytes each:
+            # copied, cheaper than frames.
+            peer = socket.recv()
+            envelope = None
+            more = bool(socket.getsockopt(zmq.RCVMORE))
+            if more:
+                envelope = Envelope.unpack(socket.recv())
+                more = bool(socket.getsockopt(zmq.RCVMORE))
+            if envelope is None:
+                self._drain(more)
+                self._reject(DecodeError("message has no mmproc delivery envelope"))
+                continue
+            seen = self._ledger.seen(envelope)
+            if seen is not None:
+                # Delivered before: the sender re-sent it, its acknowledgement may be what was
+                # lost. One not acknowledged yet (the engine's ack is pending) is left unanswered.
+                self._drain(more)
+                self.duplicates += 1
+                if seen:
+                    self._reply(peer, pack_ack(envelope.session, envelope.sequence))
+                continue
             try:
-                request = decode_request(self._rest_of_message(first), limits=self._limits)
+                if not more:
+                    raise DecodeError("message has a delivery envelope but no request frames")
+                frames = self._rest_of_message(socket.recv(copy=False))
+                request = decode_request(frames, limits=self._limits)
             except DecodeError as exc:
+                self._reply(peer, pack_refusal(envelope.session, envelope.sequence, str(exc)))
                 self._reject(exc)
                 continue
+            self._ledger.delivered(envelope, self._auto_ack)
+            if self._auto_ack:
+                self._reply(peer, pack_ack(envelope.session, envelope.sequence))
+            else:
+                self._unacked[request] = (peer, envelope)
             self.received += 1
-            return request
+            return request, envelope
+
+    def ack(self, request: EngineRequest | Delivery) -> None:
+        """Acknowledge a request handed out by a receiver with ``auto_ack=False``: the engine has
+        taken it, its sender may forget it. Idempotent; call from the thread that reads."""
+        if isinstance(request, Delivery):
+            request = request.request
+        entry = self._unacked.pop(request, None)
+        if entry is None or self._closed:
+            return
+        peer, envelope = entry
+        self._ledger.acknowledged(envelope)
+        self._reply(peer, pack_ack(envelope.session, envelope.sequence))
+
+    def _reply(self, peer: bytes, payload: bytes) -> None:
+        try:
+            # A ROUTER drops a reply for a peer that is gone or whose queue is full, and never
+            # blocks; a lost acknowledgement only makes the sender re-send.
+            socket = self._socket
+            socket.send(peer, zmq.SNDMORE | zmq.NOBLOCK)
+            socket.send(payload, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            logger.debug("mmproc receiver %s could not reply: %s", self._address, exc)
+
+    def _drain(self, more: bool) -> None:
+        while more:
+            more = self._socket.recv(copy=False).more
 
     def _rest_of_message(self, first: zmq.Frame) -> Sequence[zmq.Frame]:
         """Collect the parts of one multipart message, dropping (but draining) one over the
@@ -419,8 +699,10 @@ class RequestReceiver(_Endpoint):
 
     def close(self) -> None:
         """Close the socket (and the context, if the receiver owns it); idempotent. Call from the
-        thread that reads, after iteration has ended. Tensors already decoded stay valid."""
+        thread that reads, after iteration has ended. Tensors already decoded stay valid;
+        requests not acknowledged yet will be re-sent by their senders."""
         if self._closed:
             return
         self._stop.set()
-        self._shutdown(0)
+        self._unacked.clear()
+        self._shutdown(1.0)
