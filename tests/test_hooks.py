@@ -288,6 +288,11 @@ def test_hook_get_prompt_outputs_adds_per_token_outputs_of_the_final_prompt(buil
         assert isinstance(marks, torch.Tensor) and marks.shape == (len(inputs.prompt_token_ids),)
         pad = processor.hf_processor.image_token_id
         assert marks.tolist() == [int(t == pad) for t in inputs.prompt_token_ids]
+    # They travel to the engine with the request.
+    from mmproc.wire import decode_request, encode_request
+
+    received = decode_request(encode_request(cached.to_engine_request("r")))
+    assert torch.equal(received.prompt_outputs["image_marks"], cached.prompt_outputs["image_marks"])
     # The cache answered the second request on this thread, reading the original processor.
     assert MarksImageTokens.seen[-1] is processor.hf_processor
     assert MarksImageTokens.seen[0] is not processor.hf_processor  # the worker's clone

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 from mmproc.errors import DecodeError, EncodeError
 from mmproc.wire import (
+    SCHEMA_VERSION,
     DecodeLimits,
     EngineRequest,
     WireFeature,
@@ -232,13 +233,15 @@ def request_body(params_value: bytes) -> bytes:
     byte so that it can be anything a parser must survive."""
     head = msgpack.packb(
         {
-            "schema_version": 2,
+            "schema_version": SCHEMA_VERSION,
             "request_id": "r",
             "prompt_token_ids": ["<i8", [1], msgpack.ExtType(3, bytes(8))],
             "features": [],
+            "prompt_outputs": {},
         }
     )
-    return b"\x85" + head[1:] + msgpack.packb("params") + b"\x81\xa1x" + params_value
+    # head holds 5 of the 6 keys: a 6-entry map header, params last
+    return b"\x86" + head[1:] + msgpack.packb("params") + b"\x81\xa1x" + params_value
 
 
 def chunked(item: bytes, size: int, per_chunk: int = 1000) -> bytes:

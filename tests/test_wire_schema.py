@@ -46,6 +46,9 @@ def make_request(**overrides: Any) -> EngineRequest:
         "params": {"temperature": 0.7, "max_tokens": 32, "stop": ["\n"]},
     }
     fields.update(overrides)
+    if "prompt_outputs" not in fields:
+        length = len(fields["prompt_token_ids"])
+        fields["prompt_outputs"] = {"mm_token_type_ids": torch.arange(length) % 3}
     return EngineRequest(**fields)
 
 
@@ -53,6 +56,9 @@ def assert_same_request(got: EngineRequest, expected: EngineRequest) -> None:
     assert got.request_id == expected.request_id
     assert got.prompt_token_ids == expected.prompt_token_ids
     assert got.params == expected.params
+    assert list(got.prompt_outputs) == list(expected.prompt_outputs)
+    for name, tensor in expected.prompt_outputs.items():
+        assert torch.equal(got.prompt_outputs[name], tensor)
     assert len(got.features) == len(expected.features)
     for g, e in zip(got.features, expected.features):
         assert (g.modality, g.item_index, g.hash, g.offset, g.length, g.norm) == (
@@ -87,8 +93,19 @@ def test_request_wire_layout() -> None:
     request = make_request(features=[image_feature(0, 2, 4)], params={})
     frames = encode_request(request, threshold=1024)
     body = msgpack.unpackb(frames[0])
-    assert list(body) == ["schema_version", "request_id", "prompt_token_ids", "features", "params"]
-    assert body["schema_version"] == SCHEMA_VERSION == 2
+    assert list(body) == [
+        "schema_version",
+        "request_id",
+        "prompt_token_ids",
+        "features",
+        "params",
+        "prompt_outputs",
+    ]
+    assert body["schema_version"] == SCHEMA_VERSION == 3
+    types = (np.arange(20) % 3).astype("<i8").tobytes()
+    assert body["prompt_outputs"] == {
+        "mm_token_type_ids": ["int64", [20], msgpack.ExtType(3, types)]
+    }
     # token ids: one little-endian int64 array (inline here: 20 ids are 160 bytes < 1024)
     ids = np.arange(100, 120, dtype="<i8").tobytes()
     assert body["prompt_token_ids"] == ["<i8", [20], msgpack.ExtType(3, ids)]
@@ -126,8 +143,8 @@ def test_request_without_features_and_with_tensor_params() -> None:
 
 def test_other_schema_version_is_rejected_clearly() -> None:
     wire = make_request().to_wire()
-    wire["schema_version"] = 1
-    with pytest.raises(DecodeError, match=r"schema version 1.*reads version 2"):
+    wire["schema_version"] = 2
+    with pytest.raises(DecodeError, match=r"schema version 2.*reads version 3"):
         decode_request(encode(wire))
     del wire["schema_version"]
     with pytest.raises(DecodeError, match="no 'schema_version'"):
@@ -177,6 +194,10 @@ def test_missing_and_unknown_keys_are_rejected() -> None:
         (("features", 0, "norm"), {"mean": {"nested": b"raw"}}, r"norm\['mean'\]"),
         (("features", 0, "norm"), [1.0], "norm must be a dict"),
         (("params",), [], "params must be a dict"),
+        (("prompt_outputs",), [], "prompt_outputs must be a map"),
+        (("prompt_outputs",), {"x": [1, 2]}, r"prompt_outputs\.x: expected a tensor"),
+        (("prompt_outputs",), {"x": torch.zeros(19)}, r"has shape \(19,\); it must have one"),
+        (("prompt_outputs",), {"x": torch.zeros(20, 2)}, r"has shape \(20, 2\)"),
     ],
 )
 def test_decoded_fields_are_validated(path: tuple[Any, ...], value: Any, match: str) -> None:
@@ -198,6 +219,10 @@ def test_construction_validates_with_type_and_value_errors() -> None:
         make_request(features=[{"modality": "image"}])
     with pytest.raises(TypeError, match="norm"):
         WireFeature("image", 0, "h", 0, 1, None, {}, norm={"mean": (0.5,)})
+    with pytest.raises(TypeError, match=r"prompt_outputs\['x'\] must be a torch.Tensor"):
+        make_request(prompt_outputs={"x": np.zeros(20)})
+    with pytest.raises(ValueError, match=r"prompt_outputs\['x'\] has shape \(3,\)"):
+        make_request(prompt_outputs={"x": torch.zeros(3)})
     with pytest.raises(TypeError, match="item_index must be an int"):
         WireFeature("image", True, "h", 0, 1, None, {})
 

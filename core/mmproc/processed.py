@@ -79,4 +79,10 @@ class ProcessedInputs:
                     norm=None if feature.norm is None else feature.norm.to_wire(),
                 )
             )
-        return EngineRequest(request_id, list(self.prompt_token_ids), features, dict(params or {}))
+        return EngineRequest(
+            request_id,
+            list(self.prompt_token_ids),
+            features,
+            dict(params or {}),
+            {name: torch.as_tensor(value).cpu() for name, value in self.prompt_outputs.items()},
+        )

@@ -1,19 +1,22 @@
 """The engine request schema: what the front end sends and the engine receives.
 
 An `EngineRequest` is a request id, the prompt token ids (placeholders already expanded), one
-`WireFeature` per media item and free-form engine parameters. On the wire it is a msgpack map (see
+`WireFeature` per media item, free-form engine parameters, and the model's per-token outputs of
+the prompt (``prompt_outputs``, e.g. ``mm_token_type_ids``: one 1-D tensor per name, as long as
+the prompt). On the wire it is a msgpack map (see
 `EngineRequest.to_wire`) encoded by `mmproc.wire.codec`, so every tensor in it leaves as its own
 frame once it is at least the zero-copy threshold.
 
 The map, in this key order (tensors as the codec's ``[dtype, shape, data]``)::
 
-    {"schema_version": 2,
+    {"schema_version": 3,
      "request_id": str,
      "prompt_token_ids": ["<i8", [n], data],
      "features": [{"modality": str, "item_index": int, "hash": str,
                    "offset": int, "length": int, "is_embed": bool tensor | None,
                    "data": {str: tensor, ...}, "norm": {str: plain value} | None}, ...],
-     "params": {str: any codec value}}
+     "params": {str: any codec value},
+     "prompt_outputs": {str: tensor of shape [n], ...}}
 
 The prompt's token ids travel as one little-endian int64 array (numpy's ``"<i8"``), not as a
 msgpack array of ints: packing, parsing and checking one int at a time cost ~20-40 ns a token on
@@ -65,9 +68,9 @@ __all__ = [
     "encode_request",
 ]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """Version of the request layout below; bumped on any incompatible change (2: token ids as an
-int64 array)."""
+int64 array; 3: ``prompt_outputs``)."""
 
 _FEATURE_KEYS: Final = (
     "modality",
@@ -79,7 +82,14 @@ _FEATURE_KEYS: Final = (
     "data",
     "norm",
 )
-_REQUEST_KEYS: Final = ("schema_version", "request_id", "prompt_token_ids", "features", "params")
+_REQUEST_KEYS: Final = (
+    "schema_version",
+    "request_id",
+    "prompt_token_ids",
+    "features",
+    "params",
+    "prompt_outputs",
+)
 _KEY_SETS: Final[dict[tuple[str, ...], frozenset[str]]] = {
     keys: frozenset(keys) for keys in (_FEATURE_KEYS, _REQUEST_KEYS)
 }
@@ -402,6 +412,9 @@ class EngineRequest:
     params: dict[str, Any] = field(default_factory=dict)
     """Free-form engine parameters (sampling settings, priorities...): str keys, values anything
     the codec carries. mmproc does not interpret them."""
+    prompt_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The model's per-token outputs of the prompt (its plugin's ``get_prompt_outputs``): name ->
+    1-D tensor with one entry per prompt token."""
 
     def __post_init__(self) -> None:
         owner = "EngineRequest"
@@ -423,6 +436,7 @@ class EngineRequest:
         prompt_token_ids: list[int],
         features: Any,
         params: Any,
+        prompt_outputs: Any,
     ) -> EngineRequest:
         """Build a request whose token ids are known good (the decoder checked them as one
         array), checking every other field as the constructor does."""
@@ -432,6 +446,7 @@ class EngineRequest:
             ("prompt_token_ids", prompt_token_ids),
             ("features", features),
             ("params", params),
+            ("prompt_outputs", prompt_outputs),
         ):
             object.__setattr__(request, name, value)
         request._check_fields(len(prompt_token_ids))
@@ -472,6 +487,22 @@ class EngineRequest:
         for key in self.params:
             if not isinstance(key, str):
                 raise TypeError(f"{owner}.params keys must be str, got {_short(key)}")
+        outputs = self.prompt_outputs
+        if not isinstance(outputs, dict):
+            raise TypeError(f"{owner}.prompt_outputs must be a dict, got {type(outputs).__name__}")
+        for name, value in outputs.items():
+            if not isinstance(name, str):
+                raise TypeError(f"{owner}.prompt_outputs keys must be str, got {_short(name)}")
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{owner}.prompt_outputs[{name!r}] must be a torch.Tensor, got "
+                    f"{type(value).__name__}"
+                )
+            if tuple(value.shape) != (prompt_length,):
+                raise ValueError(
+                    f"{owner}.prompt_outputs[{name!r}] has shape {tuple(value.shape)}; it must "
+                    f"have one entry per prompt token ({prompt_length},)"
+                )
 
     def to_wire(self) -> dict[str, Any]:
         """The map that goes on the wire, ``schema_version`` included."""
@@ -481,6 +512,7 @@ class EngineRequest:
             "prompt_token_ids": _token_array(self.prompt_token_ids),
             "features": [feature.to_wire() for feature in self.features],
             "params": self.params,
+            "prompt_outputs": self.prompt_outputs,
         }
 
     def _wire_tree(self, encoder: _Encoder) -> dict[str, Any]:
@@ -495,6 +527,7 @@ class EngineRequest:
                 for position, feature in enumerate(self.features)
             ],
             "params": encoder.value(self.params, ("params",)),
+            "prompt_outputs": encoder.value(self.prompt_outputs, ("prompt_outputs",)),
         }
 
     def _token_tree(self, encoder: _Encoder) -> list[Any]:
@@ -594,8 +627,17 @@ def _build_request(
     features = [_build_feature(raw, position, tensor) for position, raw in enumerate(raw_features)]
     ids = _token_list(tensor(obj["prompt_token_ids"], ("prompt_token_ids",)), max_tokens, budget)
     params = value(obj["params"], ("params",))
+    raw_outputs = obj["prompt_outputs"]
+    if type(raw_outputs) is not dict:
+        raise DecodeError(
+            f"engine request prompt_outputs must be a map, got {type(raw_outputs).__name__}"
+        )
+    for name in raw_outputs:
+        if type(name) is not str:
+            raise DecodeError(f"engine request prompt_outputs key {_short(name)} is not a str")
+    outputs = {name: tensor(raw, ("prompt_outputs", name)) for name, raw in raw_outputs.items()}
     try:
-        return EngineRequest._with_checked_ids(obj["request_id"], ids, features, params)
+        return EngineRequest._with_checked_ids(obj["request_id"], ids, features, params, outputs)
     except (TypeError, ValueError) as exc:
         raise DecodeError(f"bad engine request: {exc}") from None
 
