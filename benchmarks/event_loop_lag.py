@@ -13,10 +13,11 @@ configured and for an idle loop (the floor of this machine). Target: p99 under 1
 and 2 workers.
 
 Nothing heavy runs on the loop (requests are prepared on the prepare pool, processed on the worker
-pool), so what is left is the GIL: a thread waking on the loop waits up to CPython's switch
-interval (5 ms) for a busy thread to hand the GIL over, more when several want it.
-``--switch-interval-ms`` shows what a shorter interval buys (it is process-wide, so mmproc leaves
-it to the application).
+pool; ``tests/test_processor.py`` checks that), so what is left is the loop thread waiting for a
+core and for the GIL while the workers and their torch threads use both cores.
+``--switch-interval-ms`` shows what a shorter GIL switch interval buys (it is process-wide, so
+mmproc leaves it to the application) and ``--gc-freeze`` what taking start-up objects out of the
+cyclic collector buys.
 
 Run: ``.venv/bin/python benchmarks/event_loop_lag.py [--tasks 64] [--workers 2] [--rounds 3]``.
 """
