@@ -117,6 +117,26 @@ def test_hook_load_hf_processor_builds_the_processor_every_clone_comes_from(buil
     assert "LoadsNothingReadable" in message and "OSError: no such file" in message
 
 
+def test_read_json_object_gives_a_folders_settings_and_names_a_file_it_cannot_use(
+    tmp_path: Path,
+) -> None:
+    from mmproc.context import ModelContext
+    from mmproc.defaults import read_json_object
+
+    ctx = ModelContext("SomeArch", tmp_path, plugin="some")
+    (tmp_path / "preprocessor_config.json").write_text('{"patch_size": 14}')
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "broken.json").write_text("{nope")
+    assert read_json_object(ctx, "preprocessor_config.json") == {"patch_size": 14}
+    assert read_json_object(ctx, "missing.json", required=False) is None
+    with pytest.raises(ProcessorLoadError, match=r"SomeArch \(plugin 'some'\): .* has no missing"):
+        read_json_object(ctx, "missing.json")
+    with pytest.raises(ProcessorLoadError, match=r"list\.json must hold a JSON object"):
+        read_json_object(ctx, "list.json")
+    with pytest.raises(ProcessorLoadError, match=r"cannot read .*broken\.json"):
+        read_json_object(ctx, "broken.json")
+
+
 # --- process_mm_data ----------------------------------------------------------------------------
 
 

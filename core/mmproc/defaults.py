@@ -10,16 +10,53 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from mmproc.context import ModelContext, ProcessingMode
 from mmproc.errors import ProcessorLoadError
 from mmproc.hookspecs import hookimpl
 
-__all__ = ["HF_MODALITY_KWARGS", "DefaultModel", "read_chat_template", "video_kwargs"]
+__all__ = [
+    "HF_MODALITY_KWARGS",
+    "DefaultModel",
+    "read_chat_template",
+    "read_json_object",
+    "video_kwargs",
+]
 
 #: The keyword an HF processor takes each modality's items under.
 HF_MODALITY_KWARGS: Mapping[str, str] = {"image": "images", "video": "videos", "audio": "audio"}
+
+
+@overload
+def read_json_object(
+    ctx: ModelContext, name: str, *, required: Literal[True] = True
+) -> dict[str, Any]: ...
+@overload
+def read_json_object(ctx: ModelContext, name: str, *, required: bool) -> dict[str, Any] | None: ...
+def read_json_object(
+    ctx: ModelContext, name: str, *, required: bool = True
+) -> dict[str, Any] | None:
+    """The JSON object in the model folder's file ``name`` (``preprocessor_config.json``, ...).
+
+    For plugins that read a folder's settings themselves. A file that is missing (when
+    ``required``; else ``None`` comes back), unreadable, not JSON or not an object is a
+    :class:`~mmproc.errors.ProcessorLoadError` naming the model, the plugin and the file.
+    """
+    folder = ctx.require_model_path()
+    path = folder / name
+    where = f"{ctx.architecture} (plugin {ctx.plugin!r})"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if not required:
+            return None
+        raise ProcessorLoadError(f"{where}: {folder} has no {name}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProcessorLoadError(f"{where}: cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ProcessorLoadError(f"{where}: {path} must hold a JSON object")
+    return data
 
 
 def read_chat_template(folder: Path) -> str | None:

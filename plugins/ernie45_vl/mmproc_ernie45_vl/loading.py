@@ -27,13 +27,12 @@ at its first video.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mmproc.context import ModelContext
-from mmproc.defaults import read_chat_template
+from mmproc.defaults import read_chat_template, read_json_object
 from mmproc.errors import ConfigurationError, ProcessorLoadError
 
 from mmproc_ernie45_vl.layout import Layout, detect_layout
@@ -112,20 +111,6 @@ def _prefix(ctx: ModelContext) -> str:
     return f"{ctx.architecture} (plugin {ctx.plugin!r})"
 
 
-def _read_json(folder: Path, name: str, ctx: ModelContext) -> dict[str, Any] | None:
-    """A JSON object file of the folder, or None when the folder has no such file."""
-    path = folder / name
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ProcessorLoadError(f"{_prefix(ctx)}: cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ProcessorLoadError(f"{_prefix(ctx)}: {path} must hold a JSON object")
-    return data
-
-
 def _check_font(ctx: ModelContext, folder: Path, name: str) -> Path:
     """The folder's font file ``name``, checked to be a font Pillow can load."""
     from PIL import ImageFont
@@ -163,11 +148,11 @@ def _check_ids(ctx: ModelContext, found: Mapping[str, tuple[str, int]]) -> None:
 
 def _video_processor_settings(folder: Path, ctx: ModelContext) -> dict[str, Any]:
     """The video processor's settings, from the file transformers would read them from."""
-    nested = _read_json(folder, "processor_config.json", ctx)
+    nested = read_json_object(ctx, "processor_config.json", required=False)
     if nested is not None and isinstance(nested.get("video_processor"), dict):
         return dict(nested["video_processor"])
     for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
-        found = _read_json(folder, name, ctx)
+        found = read_json_object(ctx, name, required=False)
         if found is not None:
             return found
     return {}
@@ -311,8 +296,8 @@ def load_original_processor(ctx: ModelContext) -> Ernie45VLOriginalProcessor:
             f"does; backend={backend!r} applies to converted folders only"
         )
     folder = ctx.require_model_path()
-    preprocessor = _read_json(folder, "preprocessor_config.json", ctx) or {}
-    processor_file = _read_json(folder, "processor_config.json", ctx) or {}
+    preprocessor = read_json_object(ctx, "preprocessor_config.json", required=False) or {}
+    processor_file = read_json_object(ctx, "processor_config.json", required=False) or {}
     settings = _original_settings(ctx, preprocessor, processor_file)
     image_settings = {k: preprocessor[k] for k in ORIGINAL_IMAGE_SETTINGS if k in preprocessor}
     vision = ctx.config.get("vision_config")

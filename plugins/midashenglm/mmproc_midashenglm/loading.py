@@ -11,12 +11,10 @@ when present, must be the tokenizer's id of the audio token.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from mmproc.context import ModelContext
-from mmproc.defaults import read_chat_template
+from mmproc.defaults import read_chat_template, read_json_object
 from mmproc.errors import ProcessorLoadError
 
 from mmproc_midashenglm.processor import MiDashengLMProcessor
@@ -31,21 +29,6 @@ _AUDIO_TOKEN_DEFAULTS = {
     "audio_bos_token": "<|audio_bos|>",
     "audio_eos_token": "<|audio_eos|>",
 }
-
-
-def _read_json(folder: Path, name: str, ctx: ModelContext) -> dict[str, Any]:
-    path = folder / name
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ProcessorLoadError(
-            f"{ctx.architecture} (plugin {ctx.plugin!r}): {folder} has no {name}"
-        ) from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ProcessorLoadError(f"{ctx.architecture}: cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ProcessorLoadError(f"{ctx.architecture}: {path} must hold a JSON object")
-    return data
 
 
 def _positive_int(ctx: ModelContext, where: str, value: Any) -> int:
@@ -68,7 +51,7 @@ def load_midashenglm_processor(ctx: ModelContext) -> MiDashengLMProcessor:
         )
     from transformers import AutoTokenizer, PretrainedConfig, Wav2Vec2FeatureExtractor
 
-    settings = _read_json(folder, "preprocessor_config.json", ctx)
+    settings = read_json_object(ctx, "preprocessor_config.json")
     if settings.get("do_normalize", True):
         raise ProcessorLoadError(
             f"{ctx.architecture} (plugin {ctx.plugin!r}): {folder}/preprocessor_config.json "

@@ -20,13 +20,11 @@ the original would make every worker call into the one original image processor.
 
 from __future__ import annotations
 
-import json
 import types
-from pathlib import Path
 from typing import Any
 
 from mmproc.context import ModelContext
-from mmproc.defaults import read_chat_template
+from mmproc.defaults import read_chat_template, read_json_object
 from mmproc.errors import ConfigurationError, ProcessorLoadError
 from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
 
@@ -132,21 +130,6 @@ def install_preprocess_kwarg_filter(image_processor: Any) -> Any:
     return image_processor
 
 
-def _read_json(folder: Path, name: str, ctx: ModelContext) -> dict[str, Any]:
-    path = folder / name
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ProcessorLoadError(
-            f"{ctx.architecture} (plugin {ctx.plugin!r}): {folder} has no {name}"
-        ) from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ProcessorLoadError(f"{ctx.architecture}: cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ProcessorLoadError(f"{ctx.architecture}: {path} must hold a JSON object")
-    return data
-
-
 #: The model's image markers as its chat template writes them, by their config.json id keys.
 IMAGE_MARKERS = {
     "start_image_token_index": "<|prefix|>",
@@ -195,7 +178,7 @@ def load_sarashina2_processor(ctx: ModelContext) -> Sarashina2VisionProcessor:
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
             Qwen2VLImageProcessor as ImageProcessor,
         )
-    preprocessor = _read_json(folder, "preprocessor_config.json", ctx)
+    preprocessor = read_json_object(ctx, "preprocessor_config.json")
     settings = {key: preprocessor[key] for key in _IMAGE_SETTINGS if key in preprocessor}
     settings.update(ctx.processor_options.hf_processor_kwargs)
     try:
