@@ -104,4 +104,4 @@ def test_bench_stages_break_a_miss_and_a_hit_down_next_to_the_bare_hf_call(
     table = capsys.readouterr().out
     for stage in STAGES:
         assert f"\n{stage:<15} " in table
-    assert "bare HF call (process_mm_data on the caller's thread)" in table
+    assert "bare HF call (process_mm_data on the caller's thread, outputs kept" in table
