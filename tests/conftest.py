@@ -1,7 +1,8 @@
 """Fixtures shared by the core tests.
 
-Plain helpers shared by several test modules live in ``tests/_qwen_processor.py`` (``tests`` is on
-pytest's ``pythonpath``, so ``import _qwen_processor`` works); fixtures live here.
+Plain helpers shared by several test modules live in ``tests/_qwen_processor.py`` (a Qwen2-VL
+processor built without the hub) and ``tests/_tiny_models.py`` (the in-process test model);
+``tests`` is on pytest's ``pythonpath``, so ``import _qwen_processor`` works. Fixtures live here.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
+from _tiny_models import IMAGE, TinyQwenImageModel
 from mmproc import hookimpl
 from mmproc.context import ProcessingMode
 from mmproc.errors import (
@@ -26,42 +27,17 @@ from mmproc.errors import (
     UnknownArchitectureError,
 )
 from mmproc.factory import get_processor
-from mmproc.fields import BatchedField, FlatField
+from mmproc.fields import FlatField
 from mmproc.fused_norm import ChannelLayout, NormSpec
 from mmproc.media import AudioFormat, MediaFormat, VideoSampling
-from mmproc.prompt_update import PromptReplacement
 from mmproc.registry import PluginStatus, Registry
 from PIL import Image
 
-PAD = "<|image_pad|>"
-IMAGE = f"<|vision_start|>{PAD}<|vision_end|>"
 
-
-class Tiny:
+class Tiny(TinyQwenImageModel):
     """The hooks every test model needs; each test's model overrides the one under test."""
 
     seen: ClassVar[list[Any]] = []
-
-    @hookimpl
-    def get_dummy_text(self, mm_counts):
-        return IMAGE * mm_counts.get("image", 0)
-
-    @hookimpl
-    def get_mm_fields(self, outputs):
-        return {
-            "pixel_values": FlatField.from_grid("image", "image_grid_thw"),
-            "image_grid_thw": BatchedField("image"),
-        }
-
-    @hookimpl
-    def get_prompt_updates(self, processor, item_outputs):
-        pad = processor.image_token_id
-        images = item_outputs.get("image", [])
-        return [
-            PromptReplacement(
-                "image", [pad], lambda i: [pad] * (int(images[i]["image_grid_thw"].prod()) // 4)
-            )
-        ]
 
 
 def image(seed: int, size: tuple[int, int] = (60, 90)) -> Image.Image:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
+from _tiny_models import IMAGE, TinyQwenImageModel
 from mmproc import hookimpl
 from mmproc.errors import (
     ConfigurationError,
@@ -29,19 +30,18 @@ from mmproc.errors import (
     PromptUpdateError,
 )
 from mmproc.factory import get_processor
-from mmproc.fields import BatchedField, FlatField
+from mmproc.fields import FlatField
 from mmproc.fused_norm import ChannelLayout, FusedInputNorm, NormSpec
-from mmproc.prompt_update import PlaceholderRange, PromptReplacement
+from mmproc.prompt_update import PlaceholderRange
 from mmproc.registry import Registry
 from PIL import Image
 
 ARCH = "TinyQwenForTest"
-PAD = "<|image_pad|>"
-IMAGE = f"<|vision_start|>{PAD}<|vision_end|>"
 
 
-class TinyQwen:
-    """A Qwen2-VL model as a plugin author would write it, on the core's default hooks."""
+class TinyQwen(TinyQwenImageModel):
+    """A Qwen2-VL model as a plugin author would write it, on the core's default hooks, counting
+    its calls."""
 
     calls: list[int]
     norm: bool = False
@@ -57,26 +57,9 @@ class TinyQwen:
         return None  # the core's default runs the HF processor
 
     @hookimpl
-    def get_dummy_text(self, mm_counts):
-        return IMAGE * mm_counts.get("image", 0)
-
-    @hookimpl
-    def get_mm_fields(self, outputs):
-        return {
-            "pixel_values": FlatField.from_grid("image", "image_grid_thw"),
-            "image_grid_thw": BatchedField("image"),
-        }
-
-    @hookimpl
     def get_prompt_updates(self, processor, item_outputs):
         self.update_calls.append(len(item_outputs.get("image", ())))
-        pad = processor.image_token_id
-        images = item_outputs.get("image", [])
-
-        def expand(i: int) -> list[int]:
-            return [pad] * (int(images[i]["image_grid_thw"].prod()) // 4)
-
-        return [PromptReplacement("image", [pad], expand)]
+        return super().get_prompt_updates(processor, item_outputs)
 
     @hookimpl
     def device_norm_spec(self, processor):

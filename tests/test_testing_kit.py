@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import mmproc.testing
-import numpy as np
 import pytest
 from mmproc.testing import build_tokenizer, write_model_folder
-from PIL import Image
 from transformers import (
     AutoConfig,
     AutoProcessor,
@@ -20,19 +18,11 @@ from transformers import (
 )
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image_pad|>")
-QWEN_PROMPT = "what is in <|vision_start|><|image_pad|><|vision_end|> this picture?"
-CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
-CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 TEXTS = [
     "Hello world! What's in this picture?",
     "  two spaces,\n\nnew lines, digits 12345 and ünïcödé 汉字 😀",
     "the cat sat on the mat<|im_end|>",
 ]
-
-
-def image(width: int = 90, height: int = 60) -> Image.Image:
-    rng = np.random.default_rng(width * 1000 + height)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
 
 
 def load(folder: Path, **kwargs: Any) -> Any:

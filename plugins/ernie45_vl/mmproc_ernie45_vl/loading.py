@@ -34,6 +34,7 @@ from typing import Any
 from mmproc.context import ModelContext
 from mmproc.defaults import read_chat_template, read_json_object
 from mmproc.errors import ConfigurationError, ProcessorLoadError
+from mmproc_qwen_vl.loading import chosen_backend
 
 from mmproc_ernie45_vl.layout import Layout, detect_layout
 from mmproc_ernie45_vl.original import (
@@ -48,7 +49,6 @@ from mmproc_ernie45_vl.original import (
 )
 
 __all__ = [
-    "BACKENDS",
     "ORIGINAL_CONFIG_TOKENS",
     "ORIGINAL_IMAGE_SETTINGS",
     "ORIGINAL_PROCESSOR_SETTINGS",
@@ -56,8 +56,6 @@ __all__ = [
     "load_ernie_processor",
     "load_original_processor",
 ]
-
-BACKENDS = ("torchvision", "pil")
 
 #: The original processor's own settings (its keyword arguments), with their defaults.
 ORIGINAL_PROCESSOR_SETTINGS: Mapping[str, float] = {
@@ -161,11 +159,7 @@ def _video_processor_settings(folder: Path, ctx: ModelContext) -> dict[str, Any]
 def load_converted_processor(ctx: ModelContext) -> Any:
     """transformers' ``Ernie4_5_VLMoeProcessor`` for ``ctx``'s folder, with the image backend of
     option ``backend``."""
-    backend = ctx.option("backend") or "torchvision"
-    if backend not in BACKENDS:
-        raise ConfigurationError(
-            f"{ctx.architecture}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
-        )
+    backend = chosen_backend(ctx)
     folder = ctx.require_model_path()
     from transformers import AutoTokenizer
     from transformers.models.ernie4_5_vl_moe.processing_ernie4_5_vl_moe import (

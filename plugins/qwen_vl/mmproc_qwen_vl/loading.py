@@ -17,34 +17,51 @@ from mmproc.context import ModelContext
 from mmproc.defaults import read_chat_template
 from mmproc.errors import ConfigurationError, ProcessorLoadError
 
-__all__ = ["BACKENDS", "load_qwen_processor"]
+__all__ = [
+    "BACKENDS",
+    "chosen_backend",
+    "load_qwen_processor",
+    "qwen2_vl_image_processor_class",
+]
 
 BACKENDS = ("torchvision", "pil")
 
 _QWEN2_5_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
 
 
-def load_qwen_processor(ctx: ModelContext) -> Any:
-    """The HF processor for ``ctx``'s folder, with the image backend of option ``backend``."""
+def chosen_backend(ctx: ModelContext) -> str:
+    """The image backend option ``backend`` names (default ``"torchvision"``), checked."""
     backend = ctx.option("backend") or "torchvision"
     if backend not in BACKENDS:
         raise ConfigurationError(
             f"{ctx.architecture}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
         )
+    return str(backend)
+
+
+def qwen2_vl_image_processor_class(backend: str) -> type[Any]:
+    """transformers' Qwen2-VL image processor class for ``backend`` (``"pil"`` or
+    ``"torchvision"``)."""
+    if backend == "pil":
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil,
+        )
+
+        return Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    return Qwen2VLImageProcessor
+
+
+def load_qwen_processor(ctx: ModelContext) -> Any:
+    """The HF processor for ``ctx``'s folder, with the image backend of option ``backend``."""
+    backend = chosen_backend(ctx)
     folder = ctx.require_model_path()
     from transformers import AutoTokenizer
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
-    ImageProcessor: type[Any]
+    ImageProcessor = qwen2_vl_image_processor_class(backend)
     ProcessorClass: type[Any]
-    if backend == "pil":
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-            Qwen2VLImageProcessorPil as ImageProcessor,
-        )
-    else:
-        from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
-            Qwen2VLImageProcessor as ImageProcessor,
-        )
     if ctx.architecture == _QWEN2_5_ARCHITECTURE:
         from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import (
             Qwen2_5_VLProcessor as ProcessorClass,

@@ -26,10 +26,10 @@ from typing import Any
 from mmproc.context import ModelContext
 from mmproc.defaults import read_chat_template, read_json_object
 from mmproc.errors import ConfigurationError, ProcessorLoadError
+from mmproc_qwen_vl.loading import chosen_backend, qwen2_vl_image_processor_class
 from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
 
 __all__ = [
-    "BACKENDS",
     "IMAGE_MARKERS",
     "MODEL_PREPROCESS_KWARGS",
     "Sarashina2VisionProcessor",
@@ -37,8 +37,6 @@ __all__ = [
     "install_preprocess_kwarg_filter",
     "load_sarashina2_processor",
 ]
-
-BACKENDS = ("torchvision", "pil")
 
 #: The keywords the model's own ``_preprocess`` (transformers 4.47's Qwen2-VL one) accepts.
 MODEL_PREPROCESS_KWARGS = frozenset(
@@ -161,23 +159,11 @@ def check_image_markers(ctx: ModelContext, tokenizer: Any) -> None:
 
 def load_sarashina2_processor(ctx: ModelContext) -> Sarashina2VisionProcessor:
     """The processor for ``ctx``'s folder, with the image backend of option ``backend``."""
-    backend = ctx.option("backend") or "torchvision"
-    if backend not in BACKENDS:
-        raise ConfigurationError(
-            f"{ctx.architecture}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
-        )
+    backend = chosen_backend(ctx)
+    ImageProcessor = qwen2_vl_image_processor_class(backend)
     folder = ctx.require_model_path()
     from transformers import AutoTokenizer, PretrainedConfig
 
-    ImageProcessor: type[Any]
-    if backend == "pil":
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-            Qwen2VLImageProcessorPil as ImageProcessor,
-        )
-    else:
-        from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
-            Qwen2VLImageProcessor as ImageProcessor,
-        )
     preprocessor = read_json_object(ctx, "preprocessor_config.json")
     settings = {key: preprocessor[key] for key in _IMAGE_SETTINGS if key in preprocessor}
     settings.update(ctx.processor_options.hf_processor_kwargs)
