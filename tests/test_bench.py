@@ -47,6 +47,28 @@ def test_bench_measures_video(capsys: pytest.CaptureFixture[str]) -> None:
     assert (report["modality"], report["item"]) == ("video", "2x64x48")
 
 
+@pytest.mark.parametrize(
+    ("modality", "extra", "item"),
+    [
+        ("image", [], "64x48 as PNG"),
+        ("video", ["--frames", "2", "--size", "63x47"], "2x63x47 as mp4"),
+        ("audio", ["--seconds", "1"], "1 s as WAV"),
+    ],
+)
+def test_bench_sends_items_as_files_with_encoded(
+    capsys: pytest.CaptureFixture[str], modality: str, extra: list[str], item: str
+) -> None:
+    model = "demo:midashenglm" if modality == "audio" else "demo:qwen2-vl"
+    args = [*SMALL, "--model", model, "--workers", "1", "--modality", modality, *extra]
+    assert main(["bench", *args, "--encoded", "--stages", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["item"] == item
+    # A miss decodes the file; a hit by content hash never does.
+    assert report["stages"]["miss_ms"]["decode"] > 0
+    assert report["stages"]["hit_ms"]["decode"] == 0
+    assert report["cache"]["cache_hit_p50_ms"] < report["cache"]["cache_miss_p50_ms"]
+
+
 def test_bench_errors_name_what_was_wrong(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["bench", "--size", "64"])

@@ -13,7 +13,7 @@ import pytest
 import torch
 import xxhash
 from mmproc import hashing
-from mmproc.hashing import HASH_ALGORITHMS, hash_context, hash_item, item_key
+from mmproc.hashing import HASH_ALGORITHMS, hash_context, hash_encoded, hash_item, item_key
 from mmproc.inputs import AudioItem, VideoItem, VideoMetadata
 from PIL import Image
 
@@ -103,6 +103,32 @@ def test_image_framing_is_as_documented(algorithm: str) -> None:
         + struct.pack("<Q", 5 * 6 * 3)  # the data's length follows it
     )
     assert hash_item("image", image, algorithm) == _reference(algorithm, stream)
+
+
+@algorithms
+def test_encoded_framing_is_as_documented(algorithm: str) -> None:
+    def field(data: bytes) -> bytes:
+        return struct.pack("<Q", len(data)) + data
+
+    stream = (
+        field(b"mmproc-item/1")
+        + field(b"video")
+        + field(b"encoded")
+        + field(b'{"fps":2}')
+        + field(b"\x00\x00\x01mp4")
+    )
+    got = hash_encoded("video", b"\x00\x00\x01mp4", b'{"fps":2}', algorithm)
+    assert got == _reference(algorithm, stream)
+
+
+def test_an_encoded_items_hash_covers_its_bytes_its_recipe_and_its_modality() -> None:
+    base = hash_encoded("image", b"PNG-bytes", b"pillow 12")
+    assert hash_encoded("image", b"PNG-bytez", b"pillow 12") != base
+    assert hash_encoded("image", b"PNG-bytes", b"pillow 13") != base
+    assert hash_encoded("video", b"PNG-bytes", b"pillow 12") != base
+    # Framed apart from decoded items: bytes that happen to be an array's data hash otherwise.
+    pixels = np.frombuffer(b"PNG-bytes", dtype=np.uint8)
+    assert hash_encoded("image", pixels.tobytes(), b"") != hash_item("image", pixels)
 
 
 @algorithms

@@ -8,6 +8,7 @@ qwen_vl plugin has its own identity tests.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import random
@@ -468,8 +469,6 @@ def test_warm_up_makes_the_clones_before_the_first_request(folder, registry) -> 
 
 
 def png(seed: int) -> bytes:
-    import io
-
     buffer = io.BytesIO()
     image(seed).save(buffer, format="PNG")
     return buffer.getvalue()
@@ -487,6 +486,91 @@ def test_many_async_requests_with_encoded_images_never_deadlock(folder, registry
 
         results = asyncio.run(main())
     assert [len(r.features) for r in results] == [2] * 6
+
+
+def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The size of every encoded image decoded from here on, in order."""
+    import mmproc.inputs as inputs
+
+    decoded: list[tuple[int, int]] = []
+    load = inputs._load_opened
+
+    def counting(opened: Image.Image) -> Image.Image:
+        decoded.append(opened.size)
+        return load(opened)
+
+    monkeypatch.setattr(inputs, "_load_opened", counting)
+    return decoded
+
+
+def test_a_hit_on_an_item_given_encoded_skips_decoding_it(folder, registry, monkeypatch) -> None:
+    decoded = counting_decodes(monkeypatch)
+    with get_processor(folder, registry=registry) as proc:
+        first = proc.process(IMAGE, {"image": [png(140)]})
+        again = proc.process(IMAGE, {"image": [png(140)]})
+        assert model_of(proc).calls == [1]
+    assert decoded == [(90, 60)]  # for the miss only
+    assert again.features[0].hash == first.features[0].hash
+    assert again.prompt_token_ids == first.prompt_token_ids
+    assert torch.equal(
+        again.features[0].data["pixel_values"], first.features[0].data["pixel_values"]
+    )
+
+
+def test_one_file_as_bytes_a_path_and_a_data_url_is_one_cache_entry(
+    folder, registry, tmp_path: Path
+) -> None:
+    import base64
+
+    data = png(141)
+    path = tmp_path / "photo.png"
+    path.write_bytes(data)
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    with get_processor(folder, registry=registry) as proc:
+        outs = [proc.process(IMAGE, {"image": [form]}) for form in (data, str(path), url, path)]
+        assert model_of(proc).calls == [1]
+        assert proc.cache.stats().hits == 3
+    assert len({out.features[0].hash for out in outs}) == 1
+
+
+def test_an_encoded_item_is_another_entry_than_its_decoded_image_with_the_same_outputs(
+    processor,
+) -> None:
+    data = png(142)
+    encoded = processor.process(IMAGE, {"image": [data]})
+    decoded = processor.process(IMAGE, {"image": [Image.open(io.BytesIO(data))]})
+    assert encoded.features[0].hash != decoded.features[0].hash
+    assert encoded.prompt_token_ids == decoded.prompt_token_ids
+    assert torch.equal(
+        encoded.features[0].data["pixel_values"], decoded.features[0].data["pixel_values"]
+    )
+    assert_matches_hf(processor, encoded, IMAGE, [image(142)])
+
+
+def test_a_request_decodes_each_encoded_item_it_misses_once_and_none_it_hits(
+    folder, registry, monkeypatch
+) -> None:
+    decoded = counting_decodes(monkeypatch)
+    big = image(144, size=(70, 110))
+    with get_processor(folder, registry=registry) as proc:
+        proc.process(IMAGE, {"image": [png(143)]})
+        buffer = io.BytesIO()
+        big.save(buffer, format="PNG")
+        out = proc.process(IMAGE * 3, {"image": [png(143), buffer.getvalue(), buffer.getvalue()]})
+        assert model_of(proc).calls == [1, 1]
+    assert decoded == [(90, 60), (110, 70)]
+    assert out.features[1].hash == out.features[2].hash
+    assert_matches_hf(proc, out, IMAGE * 3, [image(143), big, big])
+
+
+def test_a_corrupt_encoded_item_is_named_on_every_request_and_the_processor_keeps_serving(
+    processor,
+) -> None:
+    truncated = png(145)[:300]  # its header reads; its pixels do not
+    for _ in range(2):
+        with pytest.raises(MediaItemError, match="image item 1: corrupt or truncated PNG"):
+            processor.process(IMAGE * 2, {"image": [image(145), truncated]})
+    assert processor.process(IMAGE * 2, {"image": [image(145), png(145)]}).features
 
 
 def test_a_request_setting_normalise_itself_takes_the_float_path_alone(
@@ -909,13 +993,13 @@ def test_process_async_does_no_request_work_on_the_event_loop_thread(
     import mmproc.processor as pipeline
 
     parsed: set[int] = set()
-    parse = pipeline.parse_mm_data
+    parse = pipeline.read_mm_data
 
     def recording_parse(*args: Any, **kwargs: Any) -> Any:
         parsed.add(threading.get_ident())
         return parse(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "parse_mm_data", recording_parse)
+    monkeypatch.setattr(pipeline, "read_mm_data", recording_parse)
     folder = folder_for("ThreadRecordingTinyQwen")
     with get_processor(folder, registry=registry, workers=2) as proc:
 

@@ -1,7 +1,9 @@
 """``mmproc bench``: how fast preprocessing runs for a model on this machine.
 
 For a model (``--model FOLDER`` or a plugin's demo model, ``--model demo:NAME``; ``--list``
-shows them) and synthetic media of a chosen size, it measures, for each worker count asked for:
+shows them) and synthetic media of a chosen size (decoded, or with ``--encoded`` as the files
+a server receives, which a cache hit then never decodes), it measures, for each worker count
+asked for:
 
 * **latency**: one request at a time (cache off), median and 95th percentile;
 * **throughput**: ``--requests`` requests sent by ``--callers`` threads at once (cache off), and
@@ -85,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--frames", type=_positive, default=8, help="frames per video")
     parser.add_argument("--seconds", type=_positive, default=10, help="seconds of audio (16 kHz)")
+    parser.add_argument(
+        "--encoded",
+        action="store_true",
+        help="send each item as a file's bytes, as a server receives them: PNG images, H.264 "
+        "mp4 video at 2 fps, float WAV audio (decoding is then part of a miss)",
+    )
     parser.add_argument("--requests", type=_positive, default=32, help="requests per measurement")
     parser.add_argument("--callers", type=_positive, default=8, help="threads sending requests")
     parser.add_argument(
@@ -115,10 +123,40 @@ def _items(args: argparse.Namespace) -> list[Any]:
 
     seeds = range(_DISTINCT_ITEMS)
     if args.modality == "image":
-        return [demo_image(seed, args.size) for seed in seeds]
-    if args.modality == "video":
-        return [demo_video(seed, args.size, args.frames) for seed in seeds]
-    return [demo_audio(seed, args.seconds) for seed in seeds]
+        items = [demo_image(seed, args.size) for seed in seeds]
+    elif args.modality == "video":
+        items = [demo_video(seed, args.size, args.frames) for seed in seeds]
+    else:
+        items = [demo_audio(seed, args.seconds) for seed in seeds]
+    if args.encoded:
+        return [_encode(args.modality, item) for item in items]
+    return items
+
+
+def _encode(modality: str, item: Any) -> bytes:
+    """A demo item as the bytes of a file."""
+    import io
+
+    buffer = io.BytesIO()
+    if modality == "image":
+        item.save(buffer, format="PNG")
+    elif modality == "video":
+        import av
+
+        frames = item[:, : item.shape[1] // 2 * 2, : item.shape[2] // 2 * 2]  # even, for 4:2:0
+        with av.open(buffer, mode="w", format="mp4") as container:
+            stream = container.add_stream("libx264", rate=2)
+            stream.width, stream.height = frames.shape[2], frames.shape[1]
+            stream.pix_fmt = "yuv420p"
+            for frame in frames:
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+            container.mux(stream.encode())
+    else:
+        import soundfile
+
+        waveform, rate = item
+        soundfile.write(buffer, waveform, rate, format="WAV", subtype="FLOAT")
+    return buffer.getvalue()
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -354,6 +392,8 @@ def run_bench(args: argparse.Namespace) -> int:
         "video": f"{args.frames}x{args.size[0]}x{args.size[1]}",
         "audio": f"{args.seconds} s",
     }[args.modality]
+    if args.encoded:
+        item += {"image": " as PNG", "video": " as mp4", "audio": " as WAV"}[args.modality]
     report = {
         "model": described,
         "architecture": architecture,

@@ -3,7 +3,9 @@
 A key combines a *context digest* (the architecture, the plugin, the model folder's processor
 configuration files, every option that can change outputs, the request's ``hf_kwargs``, whether
 pixels come out raw, the transformers version) with the item: its content hash
-(:func:`mmproc.hashing.hash_item`), or the id the caller gave for it.
+(:func:`mmproc.hashing.hash_item`) for an item given decoded, the hash of its bytes and of how
+they are decoded (:func:`mmproc.hashing.hash_encoded`) for an item given encoded, or the id the
+caller gave for it.
 
 Caller-given ids (``mm_uuids``, vLLM's ``multi_modal_uuids``): an id is the caller's promise that
 equal ids mean equal content. It replaces the content hash in the key (the context stays in it,
@@ -17,6 +19,8 @@ served that client's item. An id can never equal a content hash (the two are fra
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,7 +28,8 @@ from typing import Any
 
 from mmproc.context import ModelContext
 from mmproc.errors import ConfigurationError, MediaItemError
-from mmproc.hashing import canonical_json, hash_context, hash_item, item_key
+from mmproc.hashing import canonical_json, hash_context, hash_encoded, hash_item, item_key
+from mmproc.media.policy import MediaOptions
 
 __all__ = ["MAX_ITEM_ID_LENGTH", "PROCESSOR_CONFIG_FILES", "CacheKeys", "check_mm_uuids"]
 
@@ -41,6 +46,12 @@ MAX_ITEM_ID_LENGTH = 1024
 # Content hashes are hex digits only: an id behind this prefix can never equal one.
 _CALLER_ID_PREFIX = "caller-id:"
 _MAX_MEMOISED_CONTEXTS = 1024
+# The libraries whose version can change what an encoded item of a modality decodes to.
+_DECODERS = {
+    "image": ("pillow",),
+    "video": ("av",),
+    "audio": ("soundfile", "av", "soxr"),
+}
 
 
 def check_mm_uuids(
@@ -108,10 +119,14 @@ def _processor_config(folder: Path | None) -> dict[str, str]:
 class CacheKeys:
     """Makes the cache keys (and feature hashes) of one processor's items. Thread-safe."""
 
-    def __init__(self, ctx: ModelContext, algorithm: str) -> None:
+    def __init__(
+        self, ctx: ModelContext, algorithm: str, media: MediaOptions | None = None
+    ) -> None:
         import transformers
 
         self.algorithm = algorithm
+        self._media = media if media is not None else MediaOptions()
+        self._recipes: dict[str, bytes] = {}
         self._ctx = ctx
         self._processor_config = _processor_config(ctx.model_path)
         self._options: dict[str, Any] = {
@@ -149,6 +164,32 @@ class CacheKeys:
         """The key of a parsed item, by its content hash."""
         return item_key(digest, hash_item(modality, item, self.algorithm), self.algorithm)
 
+    def source_key(self, digest: bytes, modality: str, data: bytes) -> str:
+        """The key of an item given encoded, by the hash of its bytes and of how they decode."""
+        recipe = self._recipes.get(modality)
+        if recipe is None:
+            recipe = self._recipes[modality] = _decoding_recipe(modality, self._media)
+        return item_key(
+            digest, hash_encoded(modality, data, recipe, self.algorithm), self.algorithm
+        )
+
     def id_key(self, digest: bytes, item_id: str) -> str:
         """The key of an item the caller named with ``item_id``."""
         return item_key(digest, _CALLER_ID_PREFIX + item_id, self.algorithm)
+
+
+def _decoding_recipe(modality: str, media: MediaOptions) -> bytes:
+    """What decoding an encoded item of ``modality`` depends on besides its bytes: the decoder
+    versions, and the sampling (video) or format (audio) it is converted to. Limits, formats
+    allowed and paths only refuse items, so they are not part of it."""
+    recipe: dict[str, Any] = {}
+    for dist in _DECODERS.get(modality, ()):
+        try:
+            recipe[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            recipe[dist] = None
+    if modality == "video":
+        recipe["sampling"] = dataclasses.asdict(media.video)
+    elif modality == "audio":
+        recipe["format"] = dataclasses.asdict(media.audio)
+    return canonical_json(recipe).encode()

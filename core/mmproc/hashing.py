@@ -1,10 +1,14 @@
 """Content hashes of media items and of the processing context.
 
-An item's hash is computed over its *parsed* form (:mod:`mmproc.inputs`), i.e. over decoded pixels
-and samples, not over whatever bytes the caller sent: the same picture as a PNG file, JPEG-decoded
-PIL image, numpy array or data URL is one cache entry. (Hashing the encoded bytes would be cheaper
-for large files but would make every input form a different entry, and decoding has to happen
-anyway to validate the item.)
+An item given decoded (a PIL image, an array, a waveform, frames) is hashed over its *parsed*
+form (:mod:`mmproc.inputs`), i.e. over pixels and samples (:func:`hash_item`): the same picture as
+a PIL image or as a numpy array is one cache entry. An item given *encoded* (bytes, a file, a
+``data:`` URL or an http URL) is hashed over its bytes and its *recipe*, everything besides the
+bytes that decides what decoding gives: the decoder versions, the video sampling, the audio
+format (:func:`hash_encoded`). Both stand for exactly what the model receives; hashing the bytes
+lets a cache hit skip decoding altogether, which for a photo costs more than the rest of the hit
+(vLLM keys media by their original bytes likewise). One file sent as bytes, as a path, as a
+``data:`` URL and as a URL is one entry; the same picture encoded and decoded is two.
 
 The hashed bytes are *framed* so that no two different items can produce the same byte stream:
 a format tag, the modality, a type tag, then every variable-length field with a little-endian
@@ -12,12 +16,11 @@ a format tag, the modality, a type tag, then every variable-length field with a 
 shape for arrays; the sample rate for audio — and finally the data. The data is fed to the hasher
 in place (array buffers) or streamed in small chunks (PIL images), never copied whole.
 
-A video item (:class:`~mmproc.inputs.VideoItem`) is hashed as what the model receives: its frames
-and, for a decoded file, where they sit in time — the sampled frames' timestamps and indices and
-the source's frame rate, frame count and duration (processors read these: Qwen2.5-VL's
-``second_per_grid_ts``, transformers' ``VideoMetadata``), but not the file's bytes or name. So one
-video sent as a file, as a ``data:`` URL and as an http URL is one cache entry, and the same
-frames at other times are not. Frames given without metadata hash exactly like the bare array.
+A decoded video item (:class:`~mmproc.inputs.VideoItem`) is hashed as what the model receives:
+its frames and, for a decoded file, where they sit in time — the sampled frames' timestamps and
+indices and the source's frame rate, frame count and duration (processors read these:
+Qwen2.5-VL's ``second_per_grid_ts``, transformers' ``VideoMetadata``). Frames given without
+metadata hash exactly like the bare array.
 
 A cache key (:func:`item_key`) combines an item's hash with a *context digest*
 (:func:`hash_context`): architecture, the model folder's processor configuration and the
@@ -63,6 +66,7 @@ __all__ = [
     "canonical_json",
     "check_hash_algorithm",
     "hash_context",
+    "hash_encoded",
     "hash_item",
     "item_key",
 ]
@@ -152,6 +156,31 @@ def hash_item(modality: str, item: Any, algorithm: str = DEFAULT_HASH_ALGORITHM)
             f"cannot hash a {type(item).__name__} {modality} item; expected a PIL image, a numpy "
             "array, a torch tensor, a VideoItem or an AudioItem (parse mm_data first)"
         )
+    return h.hexdigest()
+
+
+def hash_encoded(
+    modality: str, data: bytes, recipe: bytes, algorithm: str = DEFAULT_HASH_ALGORITHM
+) -> str:
+    """Return the hex hash of an item given encoded (a file's bytes), as long as
+    :func:`hash_item`'s.
+
+    Args:
+        modality: as for ``hash_item``.
+        data: the encoded bytes, as read.
+        recipe: everything besides the bytes that decides what decoding them gives (the decoder
+            versions, the video sampling, the audio format), in one canonical form.
+        algorithm: one of `HASH_ALGORITHMS`.
+
+    Framed apart from ``hash_item``'s formats: an encoded item never shares a hash with a
+    decoded one, though both stand for what the model receives.
+    """
+    h = _hasher(algorithm)
+    _field(h, _ITEM_MAGIC)
+    _field(h, modality.encode())
+    _field(h, b"encoded")
+    _field(h, recipe)
+    _field(h, data)
     return h.hexdigest()
 
 

@@ -62,15 +62,19 @@ every limit of :class:`~mmproc.media.MediaLimits`: bytes per item, read time, vi
 frames, audio duration, decoded bytes per request. The message names the limit
 (``"video item 0: 3,600.5 s is over the limit of 600 s (MediaLimits.max_video_seconds)"``).
 
-Loading runs in two steps over all items, so that a request's decoded size is known before
-anything big is allocated: first each item is read and its header parsed (image size, the video's
-sampled frames, the audio's length), and the sizes are added up in item order against
-``MediaLimits.max_request_decoded_bytes``; then everything is decoded. Each step runs on
-``io_pool`` when a request has two or more items that need reading or decoding; otherwise inline.
-When several items are bad, the first in modality order and index is reported, among those
-failing at the earliest step (so a header that cannot be read is reported before a truncated
-body), whatever the pool does. Only known raster formats are opened (:data:`IMAGE_FORMATS`):
-Pillow would otherwise also try formats such as EPS, which hands data to Ghostscript.
+Loading runs in steps over all items, so that a request's decoded size is known before anything
+big is allocated: first each item is read (an encoded item's bytes: a file, a URL, base64) or
+checked (an item given decoded); then the encoded items' headers are parsed (image size, the
+video's sampled frames, the audio's length) and the sizes added up in item order against
+``MediaLimits.max_request_decoded_bytes``; then everything is decoded. :func:`read_mm_data` stops
+after the first step and lets the caller decode only some items (:class:`ReadMediaItems`): the
+processor keys an encoded item by its bytes and decodes it only when its cache misses it.
+Each step runs on ``io_pool`` when a request has two or more items that need IO or decoding;
+otherwise inline. When several items are bad, the first in modality order and index is reported,
+among those failing at the earliest step (so a file that cannot be read is reported before a
+header that cannot be parsed, and that before a truncated body), whatever the pool does. Only known
+raster formats are opened (:data:`IMAGE_FORMATS`): Pillow would otherwise also try formats such
+as EPS, which hands data to Ghostscript.
 
 Security note: the defaults are for library use — any local path is read. A server that takes
 ``mm_data`` from untrusted clients should pass ``MediaOptions(allowed_paths=...)`` (``()`` to
@@ -102,9 +106,11 @@ __all__ = [
     "AudioItem",
     "MediaItem",
     "ParsedMediaItems",
+    "ReadMediaItems",
     "VideoItem",
     "VideoMetadata",
     "parse_mm_data",
+    "read_mm_data",
 ]
 
 MODALITIES: tuple[str, ...] = ("image", "video", "audio")
@@ -244,12 +250,160 @@ class _Pending:
     finish: Callable[[], Any]
     heavy: bool = False
     discard: Callable[[], None] = field(default=lambda: None)
+    source: bytes | None = None  # the encoded file it decodes from, for items given encoded
+
+
+@dataclass(frozen=True, slots=True)
+class _Encoded:
+    """An item given encoded, read: its header is parsed only if it is to be decoded."""
+
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class _Settings:
     formats: tuple[str, ...] | None
     media: MediaOptions
+
+
+_NOT_DECODED: Any = object()
+
+
+class ReadMediaItems:
+    """A request's media items read and checked, with their decoding still to do: what
+    :func:`read_mm_data` returns.
+
+    Every item given decoded (an image, array, waveform, frames) has been checked and sized; every
+    item given encoded (bytes, a file, a ``data:`` URL, a URL) has been read, and nothing more:
+    :meth:`sources` has its bytes. :meth:`decode` then decodes all items, or only some: the
+    processor keys an encoded item by its bytes and decodes it only when its cache misses it, so
+    a hit never parses the file. Use it as a context manager (or call :meth:`close`): what was
+    opened and not decoded is released on exit.
+    """
+
+    def __init__(
+        self,
+        tasks: list[_Task],
+        states: list[_Pending | _Encoded],
+        counts: dict[str, int],
+        settings: _Settings,
+        io_pool: Executor | None,
+    ) -> None:
+        self._tasks = tasks
+        self._states = states
+        self._counts = counts
+        self._settings = settings
+        self._io_pool = io_pool
+        self._results: list[Any] = [_NOT_DECODED] * len(tasks)
+        self._closed = False
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Modality -> its number of items, in the order of :data:`MODALITIES`."""
+        return dict(self._counts)
+
+    def sources(self) -> dict[str, list[bytes | None]]:
+        """Modality -> per item, the encoded bytes it decodes from (bytes, a file, a URL, a
+        ``data:`` URL, as read), or ``None`` for an item given decoded."""
+        return self._by_modality(
+            [state.data if isinstance(state, _Encoded) else state.source for state in self._states]
+        )
+
+    def decode(self, wanted: Callable[[str, int], bool] | None = None) -> dict[str, list[Any]]:
+        """Decode the items ``wanted(modality, index)`` selects (every item by default; each is
+        decoded once, however often it is asked for) and return modality -> items, each parsed
+        item in its canonical form (see :func:`parse_mm_data`), ``None`` for those not decoded
+        yet.
+
+        The request's decoded size (``MediaLimits.max_request_decoded_bytes``) counts the items
+        given decoded and those decoded, not the encoded ones left undecoded.
+
+        Raises:
+            MediaItemError: an item to decode is bad: the first in order among those failing at
+                the earliest step (an encoded item's header, then the request's decoded size,
+                then decoding; compressed audio's length is an estimate until decoded).
+        """
+        if self._closed:
+            raise RuntimeError("these media items were closed; read them again")
+        todo = [
+            i
+            for i, task in enumerate(self._tasks)
+            if self._results[i] is _NOT_DECODED
+            and (wanted is None or wanted(task.modality, task.index))
+        ]
+        try:
+            unopened = [i for i in todo if isinstance(self._states[i], _Encoded)]
+            opened: list[_Pending] = _run_in_order(
+                [self._tasks[i] for i in unopened],
+                lambda j: _open(
+                    self._tasks[unopened[j]], self._encoded(unopened[j]), self._settings
+                ),
+                [True] * len(unopened),
+                self._io_pool,
+                discard=lambda p: p.discard(),
+            )
+            for i, pending in zip(unopened, opened):
+                self._states[i] = pending
+            self._check_size()
+            decoded = _run_in_order(
+                [self._tasks[i] for i in todo],
+                lambda j: self._pending(todo[j]).finish(),
+                [self._pending(i).heavy for i in todo],
+                self._io_pool,
+            )
+            for i, item in zip(todo, decoded):
+                self._results[i] = item
+                self._pending(i).discard()
+            self._check_size()
+        except BaseException:
+            self.close()
+            raise
+        return self._by_modality([None if item is _NOT_DECODED else item for item in self._results])
+
+    def close(self) -> None:
+        """Release what was opened for the items not decoded (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            for state in self._states:
+                if isinstance(state, _Pending):
+                    state.discard()
+
+    def __enter__(self) -> ReadMediaItems:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _encoded(self, i: int) -> bytes:
+        state = self._states[i]
+        assert isinstance(state, _Encoded)
+        return state.data
+
+    def _pending(self, i: int) -> _Pending:
+        state = self._states[i]
+        assert isinstance(state, _Pending)
+        return state
+
+    def _check_size(self) -> None:
+        sizes = [
+            0
+            if isinstance(state, _Encoded)
+            else state.decoded_bytes
+            if item is _NOT_DECODED
+            else _decoded_size(item)
+            for state, item in zip(self._states, self._results)
+        ]
+        limit = self._settings.media.limits.max_request_decoded_bytes
+        _check_request_size(self._tasks, sizes, limit)
+
+    def _by_modality(self, values: list[Any]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {}
+        pos = 0
+        for modality, n in self._counts.items():
+            if n:
+                out[modality] = values[pos : pos + n]
+            pos += n
+        return out
 
 
 def parse_mm_data(
@@ -279,12 +433,26 @@ def parse_mm_data(
     Raises:
         MediaItemError: ``mm_data`` is not a mapping, has an unknown modality, or a bad item (its
             modality and index). When several items are bad, the one reported is the first in
-            modality order and index among those that fail at the earliest step (reading and
+            modality order and index among those that fail at the earliest step (reading, then
             headers, then the request's decoded size, then decoding) — whatever the pool does.
         ConfigurationError: ``media`` is not a ``MediaOptions``.
     """
+    with read_mm_data(mm_data, io_pool=io_pool, image_formats=image_formats, media=media) as read:
+        return read.decode()
+
+
+def read_mm_data(
+    mm_data: Mapping[str, Any] | None,
+    *,
+    io_pool: Executor | None = None,
+    image_formats: Sequence[str] | None = IMAGE_FORMATS,
+    media: MediaOptions | None = None,
+) -> ReadMediaItems:
+    """The first step of :func:`parse_mm_data`: read every item and parse its header, check
+    the sizes, and leave the decoding to :meth:`ReadMediaItems.decode`. Arguments and errors
+    (those of reading, headers and the request's decoded size) as for ``parse_mm_data``."""
     if mm_data is None:
-        return {}
+        mm_data = {}
     if not isinstance(mm_data, Mapping):
         raise MediaItemError(
             "mm_data",
@@ -320,37 +488,21 @@ def parse_mm_data(
         counts[modality] = len(items)
         tasks.extend(_Task(modality, index, raw) for index, raw in enumerate(items))
 
-    # Step 1: read the bytes and parse the headers; nothing is decoded yet.
-    pending: list[_Pending] = _run_in_order(
+    # Read the encoded items' bytes and check the others; nothing is parsed or decoded yet.
+    states: list[_Pending | _Encoded] = _run_in_order(
         tasks,
-        lambda i: _prepare(tasks[i], settings),
-        [_reads_or_decodes(task.raw) for task in tasks],
+        lambda i: _read(tasks[i], settings),
+        [_reads(task.raw) for task in tasks],
         io_pool,
-        discard=lambda p: p.discard(),
+        discard=lambda state: state.discard() if isinstance(state, _Pending) else None,
     )
+    read = ReadMediaItems(tasks, states, counts, settings, io_pool)
     try:
-        limit = settings.media.limits.max_request_decoded_bytes
-        _check_request_size(tasks, [p.decoded_bytes for p in pending], limit)
-        # Step 2: decode.
-        results = _run_in_order(
-            tasks,
-            lambda i: pending[i].finish(),
-            [p.heavy for p in pending],
-            io_pool,
-        )
-        # Compressed audio's length is an estimate until decoded: check the sizes once more.
-        _check_request_size(tasks, [_decoded_size(item) for item in results], limit)
-    finally:
-        for p in pending:
-            p.discard()
-
-    out: ParsedMediaItems = {}
-    pos = 0
-    for modality, n in counts.items():
-        if n:
-            out[modality] = results[pos : pos + n]
-        pos += n
-    return out
+        read._check_size()
+    except BaseException:
+        read.close()
+        raise
+    return read
 
 
 def _run_in_order(
@@ -460,18 +612,38 @@ def _as_item_list(modality: str, value: Any) -> list[Any]:
     return [value]
 
 
-def _reads_or_decodes(raw: Any) -> bool:
+def _reads(raw: Any) -> bool:
+    """Whether reading ``raw`` means IO or decoding (a file, a URL, base64, encoded frames)."""
+    if isinstance(raw, bytes | bytearray | memoryview):
+        return False
     if isinstance(raw, _ENCODED):
         return True
     return isinstance(raw, list | tuple) and any(isinstance(f, _ENCODED) for f in raw)
 
 
-def _prepare(task: _Task, settings: _Settings) -> _Pending:
+_DATA_URL_TYPES = {"image": ("image/",), "video": ("video/",), "audio": ("audio/", "video/")}
+
+
+def _read(task: _Task, settings: _Settings) -> _Pending | _Encoded:
+    if isinstance(task.raw, _ENCODED):
+        data_url_types = _DATA_URL_TYPES[task.modality]
+        return _Encoded(
+            read_media_bytes(task.raw, data_url_types=data_url_types, options=settings.media)
+        )
     if task.modality == "image":
         return _prepare_image(task.raw, settings)
     if task.modality == "video":
         return _prepare_video(task.raw, settings)
     return _prepare_audio(task.raw, settings)
+
+
+def _open(task: _Task, data: bytes, settings: _Settings) -> _Pending:
+    """Parse the header of an item given encoded, check it, and say how to decode it."""
+    if task.modality == "image":
+        return _open_image_file(data, settings)
+    if task.modality == "video":
+        return _open_video_file(data, settings)
+    return _open_audio_file(data, settings)
 
 
 def _done(item: Any, decoded_bytes: int) -> _Pending:
@@ -508,15 +680,22 @@ def _prepare_image(raw: Any, settings: _Settings) -> _Pending:
     if _is_array(raw):
         image = _image_from_array(raw)
         return _done(image, _image_bytes(image.mode, *image.size))
-    if isinstance(raw, _ENCODED):
+    if isinstance(raw, _ENCODED):  # a frame of a video given as frames
         data = read_media_bytes(raw, data_url_types=("image/",), options=settings.media)
-        opened = _open_image(data, settings.formats)
-        return _Pending(
-            _image_bytes(opened.mode, *opened.size), lambda: _load_opened(opened), heavy=True
-        )
+        return _open_image_file(data, settings)
     raise MediaProblem(
         f"unsupported image type {type(raw).__name__}; expected a PIL image, a uint8 array or "
         "tensor, encoded bytes, a file path, a data: URL or an http(s):// URL"
+    )
+
+
+def _open_image_file(data: bytes, settings: _Settings) -> _Pending:
+    opened = _open_image(data, settings.formats)
+    return _Pending(
+        _image_bytes(opened.mode, *opened.size),
+        lambda: _load_opened(opened),
+        heavy=True,
+        source=data,
     )
 
 
@@ -622,21 +801,22 @@ def _prepare_video(raw: Any, settings: _Settings) -> _Pending:
         return _done(VideoItem(frames), frames.nbytes)
     if isinstance(raw, list | tuple):
         return _prepare_frame_list(raw, settings)
-    if isinstance(raw, _ENCODED):
-        data = read_media_bytes(raw, data_url_types=("video/",), options=settings.media)
-        from mmproc.media.video import plan_video  # PyAV loads when a video file first needs it
-
-        plan = plan_video(data, settings.media.video, settings.media.limits)
-        try:
-            _check_pixels(plan.width, plan.height)
-        except MediaProblem:
-            plan.close()
-            raise
-        return _Pending(plan.decoded_bytes, plan.decode, heavy=True, discard=plan.close)
     raise MediaProblem(
         f"unsupported video type {type(raw).__name__}; expected a video file (bytes, a path, a "
         "data: URL or an http(s):// URL), a list of frames or a (T, H, W, C) uint8 array"
     )
+
+
+def _open_video_file(data: bytes, settings: _Settings) -> _Pending:
+    from mmproc.media.video import plan_video  # PyAV loads when a video file first needs it
+
+    plan = plan_video(data, settings.media.video, settings.media.limits)
+    try:
+        _check_pixels(plan.width, plan.height)
+    except MediaProblem:
+        plan.close()
+        raise
+    return _Pending(plan.decoded_bytes, plan.decode, heavy=True, discard=plan.close, source=data)
 
 
 def _prepare_video_item(item: VideoItem, settings: _Settings) -> _Pending:
@@ -722,18 +902,7 @@ def _prepare_audio(raw: Any, settings: _Settings) -> _Pending:
     fmt = settings.media.audio
     limits = settings.media.limits
     # Loaded when audio first needs it (soundfile, soxr and PyAV take a while to import).
-    from mmproc.media.audio import convert_audio, converted_bytes, plan_audio
-
-    if isinstance(raw, _ENCODED):
-        data = read_media_bytes(raw, data_url_types=("audio/", "video/"), options=settings.media)
-        plan = plan_audio(data, limits)
-        size = converted_bytes(plan.frames, plan.channels, plan.sample_rate, fmt)
-
-        def finish() -> AudioItem:
-            waveform, rate = convert_audio(plan.decode(), plan.sample_rate, fmt)
-            return AudioItem(waveform, rate)
-
-        return _Pending(size, finish, heavy=True, discard=plan.close)
+    from mmproc.media.audio import convert_audio, converted_bytes
 
     waveform, rate = _validated_audio(raw)
     seconds = waveform.shape[-1] / rate
@@ -753,6 +922,21 @@ def _prepare_audio(raw: Any, settings: _Settings) -> _Pending:
         return AudioItem(converted, new_rate)
 
     return _Pending(size, convert, heavy=resamples)
+
+
+def _open_audio_file(data: bytes, settings: _Settings) -> _Pending:
+    # Loaded when audio first needs it (soundfile, soxr and PyAV take a while to import).
+    from mmproc.media.audio import convert_audio, converted_bytes, plan_audio
+
+    fmt = settings.media.audio
+    plan = plan_audio(data, settings.media.limits)
+    size = converted_bytes(plan.frames, plan.channels, plan.sample_rate, fmt)
+
+    def finish() -> AudioItem:
+        waveform, rate = convert_audio(plan.decode(), plan.sample_rate, fmt)
+        return AudioItem(waveform, rate)
+
+    return _Pending(size, finish, heavy=True, discard=plan.close, source=data)
 
 
 def _validated_audio(raw: Any) -> tuple[np.ndarray, int]:

@@ -2,12 +2,15 @@
 
 For each request (:meth:`Processor.process`, :meth:`Processor.process_async`):
 
-1. Parse and load the media items (:mod:`mmproc.inputs`), on the IO pool when there are several.
-2. Key each item (:mod:`mmproc.cache_keys`): the caller's id for it, or its content hash,
-   combined with the model, its processor configuration and the options that change outputs.
+1. Read the media items and parse their headers (:mod:`mmproc.inputs`), on the IO pool when
+   there are several; load those given decoded (images, arrays, waveforms).
+2. Key each item (:mod:`mmproc.cache_keys`): the caller's id for it, the hash of its bytes (an
+   item given encoded: a file, bytes, a URL) or its content hash, combined with the model, its
+   processor configuration and the options that change outputs.
 3. Look the keys up in the processor-output cache. A cached item holds its outputs and its
    resolved prompt update, so when every item hits, the request is answered right here (steps
-   5-6 on the caller's thread): no worker, no HF processor.
+   5-6 on the caller's thread): no decoding, no worker, no HF processor. Otherwise the items
+   given encoded that missed are decoded.
 4. Otherwise, on a worker-pool thread with that thread's processor clone: run the HF processor
    on the missing items only (each distinct item once), in one call with the model's dummy text;
    split the outputs per item (the model's fields), resolve each item's prompt update, and cache
@@ -52,7 +55,7 @@ from mmproc.executor import (
 )
 from mmproc.fields import split_outputs
 from mmproc.inflight import InFlight
-from mmproc.inputs import MODALITIES, parse_mm_data
+from mmproc.inputs import MODALITIES, read_mm_data
 from mmproc.item_failures import ItemRef, locate_failing_item
 from mmproc.placeholder_checks import (
     check_placeholder_count,
@@ -144,7 +147,7 @@ class Processor:
         #: How media items are read, fetched, decoded, sampled and converted for this model.
         self.media = options.media_options(model.media_format(ctx, self.hf_processor))
         self.cache = ProcessorCache(options.cache_bytes)
-        self._keys = CacheKeys(ctx, options.hash_algorithm)
+        self._keys = CacheKeys(ctx, options.hash_algorithm, self.media)
         self._keys.context_digest({}, self.normalization.active)  # unkeyable options fail here
         # Requests answered from the cache tokenise on the caller's thread, with the original
         # processor's tokenizer (workers use their clones'), one at a time: a fast tokenizer
@@ -273,44 +276,61 @@ class Processor:
         mm_uuids: Mapping[str, Any] | None,
         clock: StageClock = NO_CLOCK,
     ) -> _Request | ProcessedInputs:
-        """Parse, key and look up a request; the answer itself when every item is cached."""
+        """Read, key and look up a request's items and decode those the cache misses; the
+        answer itself when every item is cached."""
         clock.mark("hops")  # from the caller to the prepare pool, for async requests
         prompt = check_prompt(prompt)
         user_kwargs = dict(hf_kwargs or {})
         raw = self.normalization.raw_pixels_for(user_kwargs)
         digest = self._keys.context_digest(user_kwargs, raw)
-        items = parse_mm_data(mm_data, io_pool=self._io_pool, media=self.media)
-        self._check_modalities(items)
-        clock.mark("parse")
-        ids = check_mm_uuids(mm_uuids, {m: len(v) for m, v in items.items()})
-        keys: dict[str, list[str]] = {}
-        hashes: dict[str, list[str]] = {}
-        for modality, modality_items in items.items():
-            named = ids.get(modality) or [None] * len(modality_items)
-            keys[modality], hashes[modality] = [], []
-            for item, item_id in zip(modality_items, named):
-                if item_id is None:
-                    key = self._keys.content_key(digest, modality, item)
-                    shown = key
-                else:
-                    key = self._keys.id_key(digest, item_id)
-                    # The engine keys its caches on the hash: an id stands for itself unless
-                    # the request's hf_kwargs shape the outputs, which the key then covers.
-                    shown = key if user_kwargs else item_id
-                keys[modality].append(key)
-                hashes[modality].append(shown)
-        all_keys = [key for modality_keys in keys.values() for key in modality_keys]
-        clock.mark("hash")
-        request = _Request(
-            prompt, items, keys, hashes, self._lookup(all_keys), user_kwargs, raw, clock=clock
-        )
-        clock.mark("lookup")
-        if self._all_cached(request):
-            return self._answer_from_cache(request)
+        with read_mm_data(mm_data, io_pool=self._io_pool, media=self.media) as read:
+            counts = read.counts
+            self._check_modalities(counts)
+            ids = check_mm_uuids(mm_uuids, counts)
+            sources = read.sources()
+            # An item given encoded is keyed by its bytes and decoded only if the cache misses
+            # it; one given decoded is keyed by its content, so it is loaded now.
+            items = read.decode(
+                lambda m, i: sources[m][i] is None and (m not in ids or ids[m][i] is None)
+            )
+            clock.mark("parse")
+            keys: dict[str, list[str]] = {}
+            hashes: dict[str, list[str]] = {}
+            for modality, modality_items in items.items():
+                named = ids.get(modality) or [None] * len(modality_items)
+                keys[modality], hashes[modality] = [], []
+                for item, item_id, source in zip(modality_items, named, sources[modality]):
+                    if item_id is not None:
+                        key = self._keys.id_key(digest, item_id)
+                        # The engine keys its caches on the hash: an id stands for itself
+                        # unless the request's hf_kwargs shape the outputs, which the key then
+                        # covers.
+                        shown = key if user_kwargs else item_id
+                    elif source is not None:
+                        key = shown = self._keys.source_key(digest, modality, source)
+                    else:
+                        key = shown = self._keys.content_key(digest, modality, item)
+                    keys[modality].append(key)
+                    hashes[modality].append(shown)
+            all_keys = [key for modality_keys in keys.values() for key in modality_keys]
+            clock.mark("hash")
+            request = _Request(
+                prompt, items, keys, hashes, self._lookup(all_keys), user_kwargs, raw, clock=clock
+            )
+            clock.mark("lookup")
+            if self._all_cached(request):
+                return self._answer_from_cache(request)
+            first_misses = {
+                (modality, index)
+                for modality, refs in request.missing().items()
+                for _, index, _ in refs
+            }
+            request.items = read.decode(lambda m, i: (m, i) in first_misses)
+            clock.mark("decode")
         return request
 
-    def _check_modalities(self, items: Mapping[str, list[Any]]) -> None:
-        for modality in items:
+    def _check_modalities(self, counts: Mapping[str, int]) -> None:
+        for modality in counts:
             if modality not in self._placeholder_ids:
                 takes = ", ".join(self._placeholder_ids) or "no media"
                 raise MediaItemError(
