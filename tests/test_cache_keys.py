@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib
 
 import pytest
 from mmproc.cache_keys import CacheKeys
 from mmproc.context import ModelContext
+from mmproc.hashing import canonical_json, hash_encoded
+from mmproc.inputs import decoding_recipe
 from mmproc.media import AudioFormat, MediaOptions, VideoSampling
 
 CTX = ModelContext("TinyForKeys", plugin="tests")
@@ -38,19 +40,26 @@ def test_an_encoded_image_is_keyed_by_its_bytes_whatever_the_video_and_audio_set
     assert source_key(MediaOptions(), "image", DATA + b"!") != plain
 
 
-def test_the_decoder_version_is_part_of_an_encoded_items_key(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("modality", "module", "name", "value"),
+    [
+        ("image", "PIL", "__version__", "0.0.1"),
+        ("image", "PIL.features", "version_codec", lambda codec: "0.0"),
+        ("video", "av", "library_versions", {"libavcodec": (1, 0, 0)}),
+        ("audio", "soundfile", "__libsndfile_version__", "0.0.1"),
+        ("audio", "soxr", "__libsoxr_version__", "0.0.1"),
+        ("video", "mmproc.inputs", "DECODING_VERSION", 0),
+    ],
+)
+def test_what_decodes_an_encoded_item_is_part_of_its_key(
+    monkeypatch: pytest.MonkeyPatch, modality: str, module: str, name: str, value: object
 ) -> None:
-    # A new Pillow may decode a file to other pixels: its items must not share keys with the
-    # old one's (the engine keeps its caches across front-end restarts).
-    before = source_key(MediaOptions(), "image")
-    real = importlib.metadata.version
-
-    def version(dist: str) -> str:
-        return "0.0.1" if dist.lower() == "pillow" else real(dist)
-
-    monkeypatch.setattr(importlib.metadata, "version", version)
-    assert source_key(MediaOptions(), "image") != before
+    # Another libjpeg or FFmpeg, or another sampling rule of mmproc's, may decode a file to other
+    # pixels: its items must not share keys with the old one's (the engine keys its own caches,
+    # which outlive a front end's restart, on them).
+    before = source_key(MediaOptions(), modality)
+    monkeypatch.setattr(importlib.import_module(module), name, value)
+    assert source_key(MediaOptions(), modality) != before
 
 
 def test_an_encoded_item_a_decoded_one_and_a_named_one_never_share_a_key() -> None:
@@ -61,4 +70,6 @@ def test_an_encoded_item_a_decoded_one_and_a_named_one_never_share_a_key() -> No
     pixels = np.frombuffer(DATA, dtype=np.uint8)
     by_bytes = keys.source_key(digest, "image", DATA)
     assert keys.content_key(digest, "image", pixels) != by_bytes
-    assert keys.id_key(digest, by_bytes) != by_bytes
+    # Not even a caller who names an item by the hash of those bytes gets their key.
+    recipe = canonical_json(decoding_recipe("image", MediaOptions())).encode()
+    assert keys.id_key(digest, hash_encoded("image", DATA, recipe)) != by_bytes

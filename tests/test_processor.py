@@ -488,28 +488,34 @@ def test_many_async_requests_with_encoded_images_never_deadlock(folder, registry
     assert [len(r.features) for r in results] == [2] * 6
 
 
-def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """The size of every encoded image decoded from here on, in order."""
+def recording_decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What happens to encoded images from here on, in order: ``"parse"`` for each header parsed,
+    ``"decode WxH"`` for each image decoded."""
     import mmproc.inputs as inputs
 
-    decoded: list[tuple[int, int]] = []
-    load = inputs._load_opened
+    events: list[str] = []
+    parse, load = inputs._open, inputs._load_opened
 
-    def counting(opened: Image.Image) -> Image.Image:
-        decoded.append(opened.size)
+    def parsing(*args: Any) -> Any:
+        events.append("parse")
+        return parse(*args)
+
+    def loading(opened: Image.Image) -> Image.Image:
+        events.append("decode {}x{}".format(*opened.size))
         return load(opened)
 
-    monkeypatch.setattr(inputs, "_load_opened", counting)
-    return decoded
+    monkeypatch.setattr(inputs, "_open", parsing)
+    monkeypatch.setattr(inputs, "_load_opened", loading)
+    return events
 
 
-def test_a_hit_on_an_item_given_encoded_skips_decoding_it(folder, registry, monkeypatch) -> None:
-    decoded = counting_decodes(monkeypatch)
+def test_a_hit_on_an_item_given_encoded_never_parses_it(folder, registry, monkeypatch) -> None:
+    events = recording_decodes(monkeypatch)
     with get_processor(folder, registry=registry) as proc:
         first = proc.process(IMAGE, {"image": [png(140)]})
         again = proc.process(IMAGE, {"image": [png(140)]})
         assert model_of(proc).calls == [1]
-    assert decoded == [(90, 60)]  # for the miss only
+    assert events == ["parse", "decode 90x60"]  # for the miss only
     assert again.features[0].hash == first.features[0].hash
     assert again.prompt_token_ids == first.prompt_token_ids
     assert torch.equal(
@@ -550,7 +556,7 @@ def test_an_encoded_item_is_another_entry_than_its_decoded_image_with_the_same_o
 def test_a_request_decodes_each_encoded_item_it_misses_once_and_none_it_hits(
     folder, registry, monkeypatch
 ) -> None:
-    decoded = counting_decodes(monkeypatch)
+    events = recording_decodes(monkeypatch)
     big = image(144, size=(70, 110))
     with get_processor(folder, registry=registry) as proc:
         proc.process(IMAGE, {"image": [png(143)]})
@@ -558,7 +564,7 @@ def test_a_request_decodes_each_encoded_item_it_misses_once_and_none_it_hits(
         big.save(buffer, format="PNG")
         out = proc.process(IMAGE * 3, {"image": [png(143), buffer.getvalue(), buffer.getvalue()]})
         assert model_of(proc).calls == [1, 1]
-    assert decoded == [(90, 60), (110, 70)]
+    assert events == ["parse", "decode 90x60", "parse", "decode 110x70"]
     assert out.features[1].hash == out.features[2].hash
     assert_matches_hf(proc, out, IMAGE * 3, [image(143), big, big])
 
@@ -571,6 +577,29 @@ def test_a_corrupt_encoded_item_is_named_on_every_request_and_the_processor_keep
         with pytest.raises(MediaItemError, match="image item 1: corrupt or truncated PNG"):
             processor.process(IMAGE * 2, {"image": [image(145), truncated]})
     assert processor.process(IMAGE * 2, {"image": [image(145), png(145)]}).features
+
+
+def test_an_encoded_item_the_cache_answers_adds_nothing_to_the_requests_decoded_size(
+    folder, registry
+) -> None:
+    from mmproc.media import MediaLimits
+
+    one = 90 * 60 * 3  # decoded bytes of each image
+    limits = MediaLimits(max_request_decoded_bytes=2 * one)
+    files = [png(150), png(151), png(152)]
+    with get_processor(folder, registry=registry, media_limits=limits) as proc:
+        with pytest.raises(MediaItemError, match=r"image item 2: .*max_request_decoded_bytes"):
+            proc.process(IMAGE * 3, {"image": files})
+        proc.process(IMAGE, {"image": [files[0]]})
+        assert len(proc.process(IMAGE * 3, {"image": files}).features) == 3
+
+
+def test_a_processors_media_options_are_fixed_for_its_life(processor) -> None:
+    # Its cached encoded items are keyed by how they decode: other options would break the keys.
+    from mmproc.media import MediaOptions
+
+    with pytest.raises(AttributeError):
+        processor.media = MediaOptions()
 
 
 def test_a_request_setting_normalise_itself_takes_the_float_path_alone(

@@ -10,7 +10,8 @@ caller gave for it.
 Caller-given ids (``mm_uuids``, vLLM's ``multi_modal_uuids``): an id is the caller's promise that
 equal ids mean equal content. It replaces the content hash in the key (the context stays in it,
 so one id under two models or two settings is two entries), and the item is then never hashed: a
-cache hit costs no pass over the pixels, and an item whose id is cached need not even be sent.
+cache hit costs no pass over the pixels, and an item whose id is cached need not even be sent
+(nor is it checked or decoded when it is).
 The processor cannot check the promise. Requests from different clients share the cache, so a
 server must accept ids only from callers it trusts, or put each client's ids in a namespace of
 their own (prefix them with the client): a client choosing another's id would otherwise be
@@ -19,8 +20,6 @@ served that client's item. An id can never equal a content hash (the two are fra
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.metadata
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 from mmproc.context import ModelContext
 from mmproc.errors import ConfigurationError, MediaItemError
 from mmproc.hashing import canonical_json, hash_context, hash_encoded, hash_item, item_key
+from mmproc.inputs import decoding_recipe
 from mmproc.media.policy import MediaOptions
 
 __all__ = ["MAX_ITEM_ID_LENGTH", "PROCESSOR_CONFIG_FILES", "CacheKeys", "check_mm_uuids"]
@@ -46,12 +46,6 @@ MAX_ITEM_ID_LENGTH = 1024
 # Content hashes are hex digits only: an id behind this prefix can never equal one.
 _CALLER_ID_PREFIX = "caller-id:"
 _MAX_MEMOISED_CONTEXTS = 1024
-# The libraries whose version can change what an encoded item of a modality decodes to.
-_DECODERS = {
-    "image": ("pillow",),
-    "video": ("av",),
-    "audio": ("soundfile", "av", "soxr"),
-}
 
 
 def check_mm_uuids(
@@ -119,13 +113,11 @@ def _processor_config(folder: Path | None) -> dict[str, str]:
 class CacheKeys:
     """Makes the cache keys (and feature hashes) of one processor's items. Thread-safe."""
 
-    def __init__(
-        self, ctx: ModelContext, algorithm: str, media: MediaOptions | None = None
-    ) -> None:
+    def __init__(self, ctx: ModelContext, algorithm: str, media: MediaOptions) -> None:
         import transformers
 
         self.algorithm = algorithm
-        self._media = media if media is not None else MediaOptions()
+        self._media = media  # how the processor decodes: the recipe of its encoded items
         self._recipes: dict[str, bytes] = {}
         self._ctx = ctx
         self._processor_config = _processor_config(ctx.model_path)
@@ -168,7 +160,8 @@ class CacheKeys:
         """The key of an item given encoded, by the hash of its bytes and of how they decode."""
         recipe = self._recipes.get(modality)
         if recipe is None:
-            recipe = self._recipes[modality] = _decoding_recipe(modality, self._media)
+            recipe = canonical_json(decoding_recipe(modality, self._media)).encode()
+            self._recipes[modality] = recipe
         return item_key(
             digest, hash_encoded(modality, data, recipe, self.algorithm), self.algorithm
         )
@@ -176,20 +169,3 @@ class CacheKeys:
     def id_key(self, digest: bytes, item_id: str) -> str:
         """The key of an item the caller named with ``item_id``."""
         return item_key(digest, _CALLER_ID_PREFIX + item_id, self.algorithm)
-
-
-def _decoding_recipe(modality: str, media: MediaOptions) -> bytes:
-    """What decoding an encoded item of ``modality`` depends on besides its bytes: the decoder
-    versions, and the sampling (video) or format (audio) it is converted to. Limits, formats
-    allowed and paths only refuse items, so they are not part of it."""
-    recipe: dict[str, Any] = {}
-    for dist in _DECODERS.get(modality, ()):
-        try:
-            recipe[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            recipe[dist] = None
-    if modality == "video":
-        recipe["sampling"] = dataclasses.asdict(media.video)
-    elif modality == "audio":
-        recipe["format"] = dataclasses.asdict(media.audio)
-    return canonical_json(recipe).encode()

@@ -251,7 +251,7 @@ class ModelSpec:
         video files sampled at 2 fps, audio kept at its own rate and channels. Read the values
         from ``processor`` (e.g. its video processor's fps, its feature extractor's
         ``sampling_rate``) rather than writing constants. Every audio item is converted to the
-        format before it is hashed; the caller's ``video_sampling`` option wins over the
+        format, and keyed as converted; the caller's ``video_sampling`` option wins over the
         model's sampling. Called once per ``Processor``.
         """
 

@@ -35,8 +35,8 @@ processor, the cache) sees a single representation whatever the input form was:
     track of a video file (PyAV); decoded files are 1-D when mono. Integer PCM waveforms are
     rejected rather than rescaled by a guess. Every item, decoded or given, is then converted to
     ``MediaOptions.audio`` (an :class:`~mmproc.media.AudioFormat`: resampled with soxr, downmixed
-    by the channel mean; by default kept as it is), so that what is hashed is what the model
-    receives.
+    by the channel mean; by default kept as it is): what the model receives, and what a
+    waveform's hash is of (a file's hash covers its bytes and this format).
 
 *Encoded* items arrive as bytes (``bytes``/``bytearray``/``memoryview``), a local file path
 (``str`` or ``os.PathLike``), a base64 ``data:`` URL (``data:image/...``; ``data:video/...``;
@@ -64,17 +64,18 @@ frames, audio duration, decoded bytes per request. The message names the limit
 
 Loading runs in steps over all items, so that a request's decoded size is known before anything
 big is allocated: first each item is read (an encoded item's bytes: a file, a URL, base64) or
-checked (an item given decoded); then the encoded items' headers are parsed (image size, the
-video's sampled frames, the audio's length) and the sizes added up in item order against
-``MediaLimits.max_request_decoded_bytes``; then everything is decoded. :func:`read_mm_data` stops
-after the first step and lets the caller decode only some items (:class:`ReadMediaItems`): the
-processor keys an encoded item by its bytes and decodes it only when its cache misses it.
-Each step runs on ``io_pool`` when a request has two or more items that need IO or decoding;
-otherwise inline. When several items are bad, the first in modality order and index is reported,
-among those failing at the earliest step (so a file that cannot be read is reported before a
-header that cannot be parsed, and that before a truncated body), whatever the pool does. Only known
-raster formats are opened (:data:`IMAGE_FORMATS`): Pillow would otherwise also try formats such
-as EPS, which hands data to Ghostscript.
+checked (an item given decoded, such as the frames of a video given as frames); then the encoded
+items' headers are parsed (image size, the video's sampled frames, the audio's length) and the
+sizes added up in item order against ``MediaLimits.max_request_decoded_bytes``; then everything
+is decoded. :func:`read_mm_data` stops after the first step and lets the caller decode only some
+items (:class:`ReadMediaItems`): the processor keys an encoded item by its bytes and decodes it
+only when its cache misses it, so an item the cache answers is never parsed and adds nothing to
+the request's decoded size. Each step runs on ``io_pool`` when a request has two or more items
+that need IO or decoding; otherwise inline. When several items are bad, ``parse_mm_data`` reports
+the first in modality order and index among those failing at the earliest step (reading, then
+headers, then the request's size, then decoding), whatever the pool does. Only known raster
+formats are opened (:data:`IMAGE_FORMATS`): Pillow would otherwise also try formats such as EPS,
+which hands data to Ghostscript.
 
 Security note: the defaults are for library use — any local path is read. A server that takes
 ``mm_data`` from untrusted clients should pass ``MediaOptions(allowed_paths=...)`` (``()`` to
@@ -88,7 +89,7 @@ import io
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -101,6 +102,7 @@ from mmproc.media.problem import MediaProblem
 from mmproc.media.sources import read_media_bytes
 
 __all__ = [
+    "DECODING_VERSION",
     "IMAGE_FORMATS",
     "MODALITIES",
     "AudioItem",
@@ -109,6 +111,7 @@ __all__ = [
     "ReadMediaItems",
     "VideoItem",
     "VideoMetadata",
+    "decoding_recipe",
     "parse_mm_data",
     "read_mm_data",
 ]
@@ -128,6 +131,10 @@ IMAGE_FORMATS: tuple[str, ...] = (
     "WEBP",
 )
 """Pillow format ids that encoded images may be in (``None`` as ``image_formats`` allows all)."""
+
+DECODING_VERSION = 1
+"""Bumped whenever mmproc's own decoding changes what an encoded item decodes to (the frame
+sampling rule, a conversion): part of :func:`decoding_recipe`, so of every encoded item's key."""
 
 _CHANNELS_TO_MODE = {1: "L", 3: "RGB", 4: "RGBA"}
 _ARRAY_MODES = frozenset(_CHANNELS_TO_MODE.values())
@@ -448,9 +455,10 @@ def read_mm_data(
     image_formats: Sequence[str] | None = IMAGE_FORMATS,
     media: MediaOptions | None = None,
 ) -> ReadMediaItems:
-    """The first step of :func:`parse_mm_data`: read every item and parse its header, check
-    the sizes, and leave the decoding to :meth:`ReadMediaItems.decode`. Arguments and errors
-    (those of reading, headers and the request's decoded size) as for ``parse_mm_data``."""
+    """The first step of :func:`parse_mm_data`: read the bytes of every item given encoded
+    and check every item given decoded, parsing and decoding nothing; :meth:`ReadMediaItems.decode`
+    does the rest. Arguments as for ``parse_mm_data``; raises its errors of reading and checking
+    (the headers, the request's decoded size and decoding are ``decode``'s)."""
     if mm_data is None:
         mm_data = {}
     if not isinstance(mm_data, Mapping):
@@ -496,13 +504,7 @@ def read_mm_data(
         io_pool,
         discard=lambda state: state.discard() if isinstance(state, _Pending) else None,
     )
-    read = ReadMediaItems(tasks, states, counts, settings, io_pool)
-    try:
-        read._check_size()
-    except BaseException:
-        read.close()
-        raise
-    return read
+    return ReadMediaItems(tasks, states, counts, settings, io_pool)
 
 
 def _run_in_order(
@@ -576,6 +578,36 @@ def _decoded_size(item: Any) -> int:
     if isinstance(item, AudioItem):
         return int(item.waveform.nbytes)
     return _image_bytes(item.mode, item.width, item.height)
+
+
+def decoding_recipe(modality: str, media: MediaOptions) -> dict[str, Any]:
+    """What decoding an encoded item of ``modality`` gives depends on besides its bytes: mmproc's
+    decoding, the versions of the libraries that decode it as loaded (the codec libraries, not
+    only their Python packages, which may be built against system ones), and the sampling (video)
+    or format (audio) it is converted to. Limits, allowed formats and paths only refuse items, so
+    they are not part of it. The processor keys encoded items by their bytes and this."""
+    recipe: dict[str, Any] = {"mmproc": DECODING_VERSION}
+    if modality == "image":
+        from PIL import __version__ as pillow
+        from PIL import features
+
+        codecs = {c: features.version_codec(c) for c in ("jpg", "jpg_2000", "zlib", "libtiff")}
+        modules = {m: features.version_module(m) for m in ("webp", "avif")}
+        recipe["pillow"] = {"version": pillow, **codecs, **modules}
+    if modality in ("video", "audio"):
+        import av
+
+        recipe["av"] = {"version": av.__version__, **av.library_versions}
+    if modality == "video":
+        recipe["sampling"] = asdict(media.video)
+    if modality == "audio":
+        import soundfile
+        import soxr
+
+        recipe["soundfile"] = [soundfile.__version__, soundfile.__libsndfile_version__]
+        recipe["soxr"] = [soxr.__version__, soxr.__libsoxr_version__]
+        recipe["format"] = asdict(media.audio)
+    return recipe
 
 
 # --- list / single item --------------------------------------------------------------------------

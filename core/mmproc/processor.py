@@ -2,15 +2,16 @@
 
 For each request (:meth:`Processor.process`, :meth:`Processor.process_async`):
 
-1. Read the media items and parse their headers (:mod:`mmproc.inputs`), on the IO pool when
-   there are several; load those given decoded (images, arrays, waveforms).
+1. Read the media items (:mod:`mmproc.inputs`), on the IO pool when there are several: the
+   bytes of those given encoded, nothing parsed yet; load those given decoded (images, arrays,
+   waveforms).
 2. Key each item (:mod:`mmproc.cache_keys`): the caller's id for it, the hash of its bytes (an
    item given encoded: a file, bytes, a URL) or its content hash, combined with the model, its
    processor configuration and the options that change outputs.
 3. Look the keys up in the processor-output cache. A cached item holds its outputs and its
    resolved prompt update, so when every item hits, the request is answered right here (steps
    5-6 on the caller's thread): no decoding, no worker, no HF processor. Otherwise the items
-   given encoded that missed are decoded.
+   given encoded that missed are parsed and decoded.
 4. Otherwise, on a worker-pool thread with that thread's processor clone: run the HF processor
    on the missing items only (each distinct item once), in one call with the model's dummy text;
    split the outputs per item (the model's fields), resolve each item's prompt update, and cache
@@ -57,6 +58,7 @@ from mmproc.fields import split_outputs
 from mmproc.inflight import InFlight
 from mmproc.inputs import MODALITIES, read_mm_data
 from mmproc.item_failures import ItemRef, locate_failing_item
+from mmproc.media.policy import MediaOptions
 from mmproc.placeholder_checks import (
     check_placeholder_count,
     check_prompt,
@@ -144,10 +146,9 @@ class Processor:
         self.normalization = DeviceNormalization.for_model(
             model, ctx, self.hf_processor, options.device_normalize
         )
-        #: How media items are read, fetched, decoded, sampled and converted for this model.
-        self.media = options.media_options(model.media_format(ctx, self.hf_processor))
+        self._media = options.media_options(model.media_format(ctx, self.hf_processor))
         self.cache = ProcessorCache(options.cache_bytes)
-        self._keys = CacheKeys(ctx, options.hash_algorithm, self.media)
+        self._keys = CacheKeys(ctx, options.hash_algorithm, self._media)
         self._keys.context_digest({}, self.normalization.active)  # unkeyable options fail here
         # Requests answered from the cache tokenise on the caller's thread, with the original
         # processor's tokenizer (workers use their clones'), one at a time: a fast tokenizer
@@ -183,6 +184,12 @@ class Processor:
         return found
 
     @property
+    def media(self) -> MediaOptions:
+        """How media items are read, fetched, decoded, sampled and converted for this model.
+        Fixed for the processor's life: the keys of its cached encoded items depend on it."""
+        return self._media
+
+    @property
     def modalities(self) -> tuple[str, ...]:
         """The modalities the model takes, in :data:`mmproc.inputs.MODALITIES` order."""
         return tuple(self._placeholder_ids)
@@ -212,6 +219,13 @@ class Processor:
         ``mm_uuids`` optionally names items, per modality one id (or None) per item, as vLLM's
         ``multi_modal_uuids``: a named item is keyed by its id instead of its content hash (see
         :mod:`mmproc.cache_keys` for the trust this asks of the caller).
+
+        Media items are checked as :func:`mmproc.inputs.parse_mm_data` checks them, except that
+        an item the cache answers is never decoded: one given encoded is read but not parsed,
+        one named by an id is not even checked (the id vouches for it), and neither counts
+        toward ``MediaLimits.max_request_decoded_bytes``. Items given decoded are loaded before
+        the encoded ones the cache misses are parsed, so among several bad items an error about
+        one given decoded comes first.
         """
         clock = self._new_clock()
         answer = self._prepare(prompt, mm_data or {}, hf_kwargs, mm_uuids, clock)
@@ -283,7 +297,7 @@ class Processor:
         user_kwargs = dict(hf_kwargs or {})
         raw = self.normalization.raw_pixels_for(user_kwargs)
         digest = self._keys.context_digest(user_kwargs, raw)
-        with read_mm_data(mm_data, io_pool=self._io_pool, media=self.media) as read:
+        with read_mm_data(mm_data, io_pool=self._io_pool, media=self._media) as read:
             counts = read.counts
             self._check_modalities(counts)
             ids = check_mm_uuids(mm_uuids, counts)

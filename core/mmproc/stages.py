@@ -15,10 +15,10 @@ __all__ = ["NO_CLOCK", "STAGES", "StageClock", "StageLog"]
 
 #: The stages, in pipeline order, with what each covers.
 STAGES: Mapping[str, str] = {
-    "parse": "reading the media items and their headers; loading those given decoded",
+    "parse": "reading the items given encoded (bytes only) and loading those given decoded",
     "hash": "keying the items: content hash, hash of the encoded bytes, or caller id",
     "lookup": "cache lookups and claims on items in flight",
-    "decode": "decoding the items given encoded that the cache missed",
+    "decode": "parsing and decoding the items given encoded that the cache missed",
     "hops": "handing the request between threads (queue waits included)",
     "hf_call": "the plugin's process_mm_data: the HF processor",
     "split": "splitting the outputs per item (get_mm_fields) and uint8 checks",

@@ -159,10 +159,11 @@ class VideoSampling:
 class AudioFormat:
     """The waveform a model receives: sample rate and channels.
 
-    Every audio item (decoded from a file or given as a waveform) is converted to this before it
-    is hashed, so that the hash is of what the model receives: resampled with soxr (its "HQ"
-    quality) when ``sample_rate`` differs from the item's, and downmixed to one channel (the mean
-    of the channels) when ``mono``.
+    Every audio item (decoded from a file or given as a waveform) is converted to this, and the
+    hash stands for what the model receives: a waveform is hashed once converted, a file by its
+    bytes together with this format. Resampled with soxr (its "HQ" quality) when ``sample_rate``
+    differs from the item's, and downmixed to one channel (the mean of the channels) when
+    ``mono``.
     """
 
     sample_rate: int | None = None
@@ -221,8 +222,9 @@ class MediaLimits:
     """The longest audio item, decoded or given."""
     max_request_decoded_bytes: int | None = 2 * _GIB
     """The most decoded bytes (pixels of images and sampled frames, float32 samples of audio)
-    all items of one request may add up to. Checked from the items' headers before anything is
-    decoded, in item order, and again once decoded."""
+    the items of one request may add up to: those given decoded and those decoded for it (an
+    encoded item a processor's cache answers is never decoded, so it adds nothing). Checked from
+    the items' headers before anything is decoded, in item order, and again once decoded."""
 
     def __post_init__(self) -> None:
         owner = "MediaLimits"
