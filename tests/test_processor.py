@@ -807,6 +807,83 @@ def test_a_waiter_computes_the_item_itself_when_the_owner_fails(folder_for, regi
         assert proc.process(IMAGE, {"image": [picture]}).features  # nothing left claimed
 
 
+def test_requests_waiting_for_an_encoded_item_others_compute_do_not_decode_it(
+    folder_for, registry, monkeypatch
+) -> None:
+    events = recording_decodes(monkeypatch)
+    data = png(97)
+    with get_processor(
+        folder_for("GatedTinyQwen"), registry=registry, workers=2, warm_up=True
+    ) as proc:
+        model = model_of(proc)
+        with ThreadPoolExecutor(3) as callers:
+            owner = callers.submit(proc.process, IMAGE, {"image": [data]})
+            assert model.entered.wait(30)
+            waiters = [callers.submit(proc.process, IMAGE, {"image": [data]}) for _ in range(2)]
+            _wait_until(lambda: proc._in_flight.waiting == 2)
+            model.gate.set()
+            results = [owner.result(30)] + [w.result(30) for w in waiters]
+    assert model.calls == [1]
+    assert events == ["parse", "decode 90x60"]  # the owner's: the waiters' are hits
+    assert len({r.features[0].hash for r in results}) == 1
+
+
+def test_a_waiter_decodes_an_encoded_item_itself_when_its_owner_fails(
+    folder_for, registry, monkeypatch
+) -> None:
+    events = recording_decodes(monkeypatch)
+    data = png(99)
+    with get_processor(
+        folder_for("GatedTinyQwen"), registry=registry, workers=2, warm_up=True
+    ) as proc:
+        model = model_of(proc)
+        model.failing = True
+        with ThreadPoolExecutor(2) as callers:
+            first = callers.submit(proc.process, IMAGE, {"image": [data]})
+            assert model.entered.wait(30)
+            second = callers.submit(proc.process, IMAGE, {"image": [data]})
+            _wait_until(lambda: proc._in_flight.waiting == 1)
+            assert events == ["parse", "decode 90x60"]  # the waiter has not decoded it
+            model.gate.set()
+            with pytest.raises(MediaItemError, match=r"told to fail \(call 1\)"):
+                first.result(30)
+            # It decoded the item and called the model itself, which fails again.
+            with pytest.raises(MediaItemError, match=r"told to fail \(call [2-9]\)"):
+                second.result(30)
+        assert events == ["parse", "decode 90x60"] * 2
+        model.failing = False
+        out = proc.process(IMAGE, {"image": [data]})
+    assert_matches_hf(proc, out, IMAGE, [image(99)])
+
+
+def test_async_waiters_for_an_encoded_item_decode_it_once(
+    folder_for, registry, monkeypatch
+) -> None:
+    events = recording_decodes(monkeypatch)
+    data = png(100)
+    with get_processor(
+        folder_for("GatedTinyQwen"), registry=registry, workers=2, warm_up=True
+    ) as proc:
+        model = model_of(proc)
+
+        async def main() -> list[Any]:
+            owner = asyncio.ensure_future(proc.process_async(IMAGE, {"image": [data]}))
+            await asyncio.get_running_loop().run_in_executor(None, model.entered.wait, 30)
+            waiters = [
+                asyncio.ensure_future(proc.process_async(IMAGE, {"image": [data]}))
+                for _ in range(3)
+            ]
+            while proc._in_flight.waiting < 3:
+                await asyncio.sleep(0.005)
+            model.gate.set()
+            return await asyncio.wait_for(asyncio.gather(owner, *waiters), timeout=30)
+
+        results = asyncio.run(main())
+    assert model.calls == [1]
+    assert events == ["parse", "decode 90x60"]
+    assert len({r.features[0].hash for r in results}) == 1
+
+
 def test_an_uncacheable_result_is_computed_again_by_the_waiter(folder_for, registry) -> None:
     picture = image(97)
     with get_processor(

@@ -14,7 +14,7 @@ No deadlock: requests wait before reaching a worker, never on one (a request mad
 worker's own call skips the wait), and never while they own claims. Claims are made and released
 within one worker call, in a ``finally``. No head-of-line blocking: async requests wait on the
 event loop (`wait_async`), holding no thread. A waiter whose owner failed, or whose result did not
-fit the cache, computes the item itself.
+fit the cache, computes the item itself. A waiter given the item encoded decodes it only then.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ class InFlight:
         """Requests waiting for a release right now."""
         with self._lock:
             return self._waiting
+
+    def claimed(self, keys: Iterable[str]) -> set[str]:
+        """Those of ``keys`` claimed right now (a request about to wait for them need not
+        decode their media: see ``Processor._prepare``)."""
+        with self._lock:
+            return {key for key in keys if key in self._futures}
 
     def _pending(self, keys: Iterable[str]) -> list[Future[None]]:
         with self._lock:

@@ -11,7 +11,9 @@ For each request (:meth:`Processor.process`, :meth:`Processor.process_async`):
 3. Look the keys up in the processor-output cache. A cached item holds its outputs and its
    resolved prompt update, so when every item hits, the request is answered right here (steps
    5-6 on the caller's thread): no decoding, no worker, no HF processor. Otherwise the items
-   given encoded that missed are parsed and decoded.
+   given encoded that missed are parsed and decoded, except those another request is
+   computing right now: the request waits for them (:mod:`mmproc.inflight`) and decodes them
+   only if the cache still lacks them then.
 4. Otherwise, on a worker-pool thread with that thread's processor clone: run the HF processor
    on the missing items only (each distinct item once), in one call with the model's dummy text;
    split the outputs per item (the model's fields), resolve each item's prompt update, and cache
@@ -56,7 +58,7 @@ from mmproc.executor import (
 )
 from mmproc.fields import split_outputs
 from mmproc.inflight import InFlight
-from mmproc.inputs import MODALITIES, read_mm_data
+from mmproc.inputs import MODALITIES, ReadMediaItems, read_mm_data
 from mmproc.item_failures import ItemRef, locate_failing_item
 from mmproc.media.policy import MediaOptions
 from mmproc.placeholder_checks import (
@@ -99,6 +101,9 @@ class _Request:
     raw: bool  # pixels come out raw (rescale and normalise off) for device normalisation
     owned: dict[str, Any] = field(default_factory=dict)  # its claims (mmproc.inflight)
     clock: StageClock = NO_CLOCK  # where its time goes, when stages are being recorded
+    # Its media while the items others compute wait undecoded: the bytes alone (whatever was
+    # opened was decoded and closed), so a request abandoned while waiting leaks nothing.
+    media: ReadMediaItems | None = None
 
     @property
     def mm_counts(self) -> dict[str, int]:
@@ -107,6 +112,15 @@ class _Request:
     def misses(self) -> list[str]:
         """The keys of the items not in the cache, repeats kept (cache statistics count them)."""
         return [key for keys in self.keys.values() for key in keys if key not in self.cached]
+
+    def first_misses(self) -> dict[tuple[str, int], str]:
+        """(modality, index) -> key of the first item of each distinct key not in the cache (the
+        items `missing` gives)."""
+        return {
+            (modality, index): key
+            for modality, refs in self.missing().items()
+            for key, index, _ in refs
+        }
 
     def missing(self) -> dict[str, list[tuple[str, int, Any]]]:
         """Modality -> (key, index, item) of each distinct item not in the cache."""
@@ -231,13 +245,14 @@ class Processor:
         answer = self._prepare(prompt, mm_data or {}, hf_kwargs, mm_uuids, clock)
         if isinstance(answer, ProcessedInputs):
             return answer
-        if not getattr(self._thread_state, "processing", False):
-            # Items other requests are computing right now. (Not from inside a worker's call: it
-            # could be waiting for its own claim.)
-            if self._in_flight.wait(answer.misses()):
-                answer = self._after_waiting(answer)
-                if isinstance(answer, ProcessedInputs):
-                    return answer
+        # Items other requests are computing right now. (Not from inside a worker's call: it
+        # could be waiting for its own claim.)
+        nested = getattr(self._thread_state, "processing", False)
+        waited = not nested and self._in_flight.wait(answer.misses())
+        if waited or answer.media is not None:
+            answer = self._after_waiting(answer)
+            if isinstance(answer, ProcessedInputs):
+                return answer
         result = self._pool.run(self._process_prepared, answer)
         clock.mark("hops")
         return result
@@ -262,7 +277,8 @@ class Processor:
             return answer
         # Waiting for items other requests compute holds no thread: the prepare pool stays free
         # for the requests behind this one.
-        if await self._in_flight.wait_async(answer.misses()):
+        waited = await self._in_flight.wait_async(answer.misses())
+        if waited or answer.media is not None:
             answer = await loop.run_in_executor(self._prepare_pool, self._after_waiting, answer)
             if isinstance(answer, ProcessedInputs):
                 return answer
@@ -272,10 +288,22 @@ class Processor:
 
     def _after_waiting(self, request: _Request) -> _Request | ProcessedInputs:
         """A request whose items others were computing: what they left in the cache is a hit
-        now; the answer itself when that is every item."""
-        if self.cache.enabled:
-            request.cached.update(self._lookup(request.misses(), retry=True))
-        return self._answer_from_cache(request) if self._all_cached(request) else request
+        now; the answer itself when that is every item. The media it left undecoded for them
+        and still misses are decoded now."""
+        media, request.media = request.media, None
+        try:
+            if self.cache.enabled:
+                request.cached.update(self._lookup(request.misses(), retry=True))
+            if self._all_cached(request):
+                return self._answer_from_cache(request)
+            if media is not None:
+                misses = request.first_misses()
+                request.items = media.decode(lambda m, i: (m, i) in misses)
+                request.clock.mark("decode")
+            return request
+        finally:
+            if media is not None:
+                media.close()
 
     def _all_cached(self, request: _Request) -> bool:
         # The synchronous fallback runs every request on the original processor, whose tokenizer
@@ -297,50 +325,71 @@ class Processor:
         user_kwargs = dict(hf_kwargs or {})
         raw = self.normalization.raw_pixels_for(user_kwargs)
         digest = self._keys.context_digest(user_kwargs, raw)
-        with read_mm_data(mm_data, io_pool=self._io_pool, media=self._media) as read:
-            counts = read.counts
-            self._check_modalities(counts)
-            ids = check_mm_uuids(mm_uuids, counts)
-            sources = read.sources()
-            # An item given encoded is keyed by its bytes and decoded only if the cache misses
-            # it; one given decoded is keyed by its content, so it is loaded now.
-            items = read.decode(
-                lambda m, i: sources[m][i] is None and (m not in ids or ids[m][i] is None)
-            )
-            clock.mark("parse")
-            keys: dict[str, list[str]] = {}
-            hashes: dict[str, list[str]] = {}
-            for modality, modality_items in items.items():
-                named = ids.get(modality) or [None] * len(modality_items)
-                keys[modality], hashes[modality] = [], []
-                for item, item_id, source in zip(modality_items, named, sources[modality]):
-                    if item_id is not None:
-                        key = self._keys.id_key(digest, item_id)
-                        # The engine keys its caches on the hash: an id stands for itself
-                        # unless the request's hf_kwargs shape the outputs, which the key then
-                        # covers.
-                        shown = key if user_kwargs else item_id
-                    elif source is not None:
-                        key = shown = self._keys.source_key(digest, modality, source)
-                    else:
-                        key = shown = self._keys.content_key(digest, modality, item)
-                    keys[modality].append(key)
-                    hashes[modality].append(shown)
-            all_keys = [key for modality_keys in keys.values() for key in modality_keys]
-            clock.mark("hash")
-            request = _Request(
-                prompt, items, keys, hashes, self._lookup(all_keys), user_kwargs, raw, clock=clock
-            )
-            clock.mark("lookup")
+        read = read_mm_data(mm_data, io_pool=self._io_pool, media=self._media)
+        kept = False
+        try:
+            request = self._key_and_look_up(read, prompt, user_kwargs, raw, digest, mm_uuids, clock)
             if self._all_cached(request):
                 return self._answer_from_cache(request)
-            first_misses = {
-                (modality, index)
-                for modality, refs in request.missing().items()
-                for _, index, _ in refs
-            }
-            request.items = read.decode(lambda m, i: (m, i) in first_misses)
+            # Decode what this request will compute; what others compute right now it will
+            # most likely find in the cache once it has waited for them (see process()).
+            misses = request.first_misses()
+            computed_elsewhere = self._in_flight.claimed(misses.values())
+            request.items = read.decode(
+                lambda m, i: (m, i) in misses and misses[m, i] not in computed_elsewhere
+            )
             clock.mark("decode")
+            if computed_elsewhere:
+                request.media, kept = read, True  # what is still missing after the wait
+            return request
+        finally:
+            if not kept:
+                read.close()
+
+    def _key_and_look_up(
+        self,
+        read: ReadMediaItems,
+        prompt: str | list[int],
+        user_kwargs: dict[str, Any],
+        raw: bool,
+        digest: bytes,
+        mm_uuids: Mapping[str, Any] | None,
+        clock: StageClock,
+    ) -> _Request:
+        """Key the items and look them up: the request, with its hits."""
+        counts = read.counts
+        self._check_modalities(counts)
+        ids = check_mm_uuids(mm_uuids, counts)
+        sources = read.sources()
+        # An item given encoded is keyed by its bytes and decoded only if the cache misses it;
+        # one given decoded is keyed by its content, so it is loaded now.
+        items = read.decode(
+            lambda m, i: sources[m][i] is None and (m not in ids or ids[m][i] is None)
+        )
+        clock.mark("parse")
+        keys: dict[str, list[str]] = {}
+        hashes: dict[str, list[str]] = {}
+        for modality, modality_items in items.items():
+            named = ids.get(modality) or [None] * len(modality_items)
+            keys[modality], hashes[modality] = [], []
+            for item, item_id, source in zip(modality_items, named, sources[modality]):
+                if item_id is not None:
+                    key = self._keys.id_key(digest, item_id)
+                    # The engine keys its caches on the hash: an id stands for itself unless the
+                    # request's hf_kwargs shape the outputs, which the key then covers.
+                    shown = key if user_kwargs else item_id
+                elif source is not None:
+                    key = shown = self._keys.source_key(digest, modality, source)
+                else:
+                    key = shown = self._keys.content_key(digest, modality, item)
+                keys[modality].append(key)
+                hashes[modality].append(shown)
+        all_keys = [key for modality_keys in keys.values() for key in modality_keys]
+        clock.mark("hash")
+        request = _Request(
+            prompt, items, keys, hashes, self._lookup(all_keys), user_kwargs, raw, clock=clock
+        )
+        clock.mark("lookup")
         return request
 
     def _check_modalities(self, counts: Mapping[str, int]) -> None:
