@@ -1,6 +1,6 @@
 """Benchmark content hashing, the processor cache's bookkeeping, and a whole request's hit vs miss.
 
-Run: ``.venv/bin/python benchmarks/cache.py``. Prints two Markdown tables:
+Run: ``.venv/bin/python benchmarks/cache.py``. Prints three Markdown tables:
 
 * hashing and cache bookkeeping: throughput in GB/s (10^9 bytes per second) of item bytes; cache
   costs per entry or key;
@@ -9,12 +9,15 @@ Run: ``.venv/bin/python benchmarks/cache.py``. Prints two Markdown tables:
   bytes and as JPEG bytes: a cache miss against a hit with content hashing and a hit with a
   caller-given item id (``mm_uuids``), median wall time, with the targets (a hit at least 10x
   cheaper than a miss with hashing, 50x with ids). An image given encoded is keyed by its
-  bytes: its miss decodes it, its hit does not.
+  bytes: its miss decodes it, its hit does not;
+* bursts of concurrent requests carrying new JPEGs: one picture in all of them (computed and
+  decoded once, the others wait for it) against a picture each.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import statistics
 import tempfile
@@ -276,10 +279,49 @@ def request_rows(calls: int) -> list[tuple[str, ...]]:
     return rows
 
 
+def burst_rows(bursts: int, size: int = 8) -> list[tuple[str, ...]]:
+    """``size`` async requests at once, two workers, each burst with new JPEGs: one picture in
+    all of them (single flight: one decode and one HF call, the rest wait and hit) against a
+    picture each. Median wall and CPU time (all threads) per burst."""
+    rng = np.random.default_rng(2)
+
+    def jpeg() -> bytes:
+        pixels = rng.integers(0, 256, (768, 1024, 3), dtype=np.uint8)
+        return encoded(Image.fromarray(pixels), "JPEG", quality=90)
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_qwen2_vl_folder(Path(tmp) / "qwen2-vl")
+        with get_processor(folder, workers=2, warm_up=True) as proc:
+
+            async def burst(items: list[bytes]) -> None:
+                await asyncio.gather(
+                    *(proc.process_async(PROMPT, {"image": [item]}) for item in items)
+                )
+
+            for what, shared in ((f"one new JPEG in all {size}", True), ("a new JPEG each", False)):
+                walls, cpus = [], []
+                for _ in range(bursts + 1):  # the first burst warms up
+                    items = [jpeg()] * size if shared else [jpeg() for _ in range(size)]
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    asyncio.run(burst(items))
+                    walls.append(time.perf_counter() - wall)
+                    cpus.append(time.process_time() - cpu)
+                rows.append(
+                    (
+                        what,
+                        f"{statistics.median(walls[1:]) * 1e3:.1f} ms",
+                        f"{statistics.median(cpus[1:]) * 1e3:.1f} ms",
+                    )
+                )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Benchmark hashing and the processor cache.")
     parser.add_argument("--repeat", type=int, default=5, help="rounds per measurement (best kept)")
     parser.add_argument("--calls", type=int, default=30, help="requests per hit / miss median")
+    parser.add_argument("--bursts", type=int, default=10, help="bursts per burst median")
     args = parser.parse_args()
     torch.set_num_threads(1)  # per-request work runs on one worker thread
     rows = hashing_rows(args.repeat) + cache_rows(args.repeat)
@@ -294,6 +336,13 @@ def main() -> None:
     print("| request | miss | hit | miss / hit | target |")
     print("|---|---:|---:|---:|---|")
     for row in request_rows(args.calls):
+        print("| " + " | ".join(row) + " |")
+    print()
+    print(f"Bursts of 8 async requests, two workers, new 1024x768 JPEGs, median of {args.bursts}:")
+    print()
+    print("| burst | wall | CPU, all threads |")
+    print("|---|---:|---:|")
+    for row in burst_rows(args.bursts):
         print("| " + " | ".join(row) + " |")
 
 
