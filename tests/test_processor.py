@@ -127,16 +127,20 @@ class GatedTinyQwen(TinyQwen):
 
 
 class NestedTinyQwen(TinyQwen):
-    """Calls its own processor from inside a worker, for the item being computed."""
+    """Calls its own processor from inside a worker, for the item being computed: as ``given``
+    to the outer request when set, else as decoded."""
 
     processor: Any = None
     inner: Any = None
+    given: Any = None
 
     @hookimpl
     def process_mm_data(self, mm_items):
         if NestedTinyQwen.inner is None:
             NestedTinyQwen.inner = "running"
-            NestedTinyQwen.inner = self.processor.process(IMAGE, {"image": list(mm_items["image"])})
+            given = NestedTinyQwen.given
+            items = list(mm_items["image"]) if given is None else [given]
+            NestedTinyQwen.inner = self.processor.process(IMAGE, {"image": items})
         return None
 
 
@@ -856,6 +860,43 @@ def test_a_waiter_decodes_an_encoded_item_itself_when_its_owner_fails(
     assert_matches_hf(proc, out, IMAGE, [image(99)])
 
 
+def test_an_item_left_undecoded_for_its_owner_is_decoded_when_the_owner_is_gone_before_the_wait(
+    folder_for, registry, monkeypatch
+) -> None:
+    # The owner fails between the waiter's preparation (which saw the claim) and its wait
+    # (which finds none): the waiter has nothing to wait for and must still decode the item.
+    events = recording_decodes(monkeypatch)
+    data = png(101)
+    with get_processor(
+        folder_for("GatedTinyQwen"), registry=registry, workers=2, warm_up=True
+    ) as proc:
+        model = model_of(proc)
+        model.failing = True
+        at_wait, go_on = threading.Event(), threading.Event()
+        wait = proc._in_flight.wait
+
+        def held_wait(keys: Any) -> bool:
+            at_wait.set()
+            assert go_on.wait(30)
+            return wait(keys)
+
+        with ThreadPoolExecutor(2) as callers:
+            first = callers.submit(proc.process, IMAGE, {"image": [data]})
+            assert model.entered.wait(30)
+            monkeypatch.setattr(proc._in_flight, "wait", held_wait)
+            second = callers.submit(proc.process, IMAGE + IMAGE, {"image": [image(101), data]})
+            assert at_wait.wait(30)
+            model.gate.set()
+            with pytest.raises(MediaItemError, match=r"told to fail \(call 1\)"):
+                first.result(30)
+            model.failing = False
+            go_on.set()
+            out = second.result(30)
+        assert (len(proc._in_flight), proc._in_flight.waiting) == (0, 0)
+    assert events == ["parse", "decode 90x60"] * 2
+    assert_matches_hf(proc, out, IMAGE + IMAGE, [image(101), image(101)])
+
+
 def test_async_waiters_for_an_encoded_item_decode_it_once(
     folder_for, registry, monkeypatch
 ) -> None:
@@ -906,19 +947,27 @@ def test_an_uncacheable_result_is_computed_again_by_the_waiter(folder_for, regis
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("given", ["decoded", "encoded"])
 def test_a_request_made_from_inside_a_worker_does_not_wait_for_its_own_claim(
-    folder_for, registry, workers
+    folder_for, registry, workers, given
 ) -> None:
-    picture = image(99)
+    # Given encoded, the inner request finds the file claimed (by its outer request) and leaves
+    # it undecoded; not waiting, it must decode it all the same.
+    picture = image(99) if given == "decoded" else png(99)
     with get_processor(
         folder_for("NestedTinyQwen"), registry=registry, workers=workers, warm_up=True
     ) as proc:
         NestedTinyQwen.processor, NestedTinyQwen.inner = proc, None
-        with ThreadPoolExecutor(1) as caller:
-            outer = caller.submit(proc.process, IMAGE, {"image": [picture]}).result(60)
+        NestedTinyQwen.given = None if given == "decoded" else picture
+        try:
+            with ThreadPoolExecutor(1) as caller:
+                outer = caller.submit(proc.process, IMAGE, {"image": [picture]}).result(60)
+        finally:
+            NestedTinyQwen.given = None
         inner = NestedTinyQwen.inner
-    assert outer.features[0].hash == inner.features[0].hash
-    assert (len(proc._in_flight), proc._in_flight.waiting) == (0, 0)
+        assert outer.features[0].hash == inner.features[0].hash
+        assert (len(proc._in_flight), proc._in_flight.waiting) == (0, 0)
+        assert_matches_hf(proc, inner, IMAGE, [image(99)])
 
 
 # --- cache hits without a worker ----------------------------------------------------------------

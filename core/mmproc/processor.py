@@ -290,10 +290,12 @@ class Processor:
         """A request whose items others were computing: what they left in the cache is a hit
         now; the answer itself when that is every item. The media it left undecoded for them
         and still misses are decoded now."""
+        request.clock.mark("hops")  # the wait, and for async requests the hop back
         media, request.media = request.media, None
         try:
             if self.cache.enabled:
                 request.cached.update(self._lookup(request.misses(), retry=True))
+                request.clock.mark("lookup")
             if self._all_cached(request):
                 return self._answer_from_cache(request)
             if media is not None:
@@ -430,6 +432,9 @@ class Processor:
         try:
             entries = dict(request.cached)
             missing = request.missing()
+            if any(item is None for refs in missing.values() for _, _, item in refs):
+                # Never the caller's fault: blaming their item (as the HF call would) misleads.
+                raise RuntimeError("mmproc bug: an item missing from the cache was not decoded")
             expanded_ids: list[int] | None = None
             if missing:
                 computed, expanded_ids = self._compute_missing(request, missing, processor)
