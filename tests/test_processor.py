@@ -788,8 +788,13 @@ def test_async_waiters_do_not_hold_up_other_requests(folder_for, registry) -> No
     assert model.calls == [1]
 
 
-def test_a_waiter_computes_the_item_itself_when_the_owner_fails(folder_for, registry) -> None:
-    picture = image(96)
+@pytest.mark.parametrize("given", ["decoded", "encoded"])
+def test_a_waiter_computes_the_item_itself_when_the_owner_fails(
+    folder_for, registry, monkeypatch, given
+) -> None:
+    events = recording_decodes(monkeypatch)
+    picture = image(96) if given == "decoded" else png(96)
+    decodes = [] if given == "decoded" else ["parse", "decode 90x60"]
     with get_processor(
         folder_for("GatedTinyQwen"), registry=registry, workers=2, warm_up=True
     ) as proc:
@@ -800,12 +805,14 @@ def test_a_waiter_computes_the_item_itself_when_the_owner_fails(folder_for, regi
             assert model.entered.wait(30)
             second = callers.submit(proc.process, IMAGE, {"image": [picture]})
             _wait_until(lambda: proc._in_flight.waiting == 1)
+            assert events == decodes  # a file the waiter waits for, it has not decoded
             model.gate.set()
             with pytest.raises(MediaItemError, match=r"told to fail \(call 1\)"):
                 first.result(30)
             # not stuck, and not handed the owner's failure: its own, from a later call
             with pytest.raises(MediaItemError, match=r"told to fail \(call [2-9]\)"):
                 second.result(30)
+        assert events == decodes * 2  # the waiter decoded the file for its own call
         assert (len(proc._in_flight), proc._in_flight.waiting) == (0, 0)
         model.failing = False
         assert proc.process(IMAGE, {"image": [picture]}).features  # nothing left claimed
@@ -830,34 +837,6 @@ def test_requests_waiting_for_an_encoded_item_others_compute_do_not_decode_it(
     assert model.calls == [1]
     assert events == ["parse", "decode 90x60"]  # the owner's: the waiters' are hits
     assert len({r.features[0].hash for r in results}) == 1
-
-
-def test_a_waiter_decodes_an_encoded_item_itself_when_its_owner_fails(
-    folder_for, registry, monkeypatch
-) -> None:
-    events = recording_decodes(monkeypatch)
-    data = png(99)
-    with get_processor(
-        folder_for("GatedTinyQwen"), registry=registry, workers=2, warm_up=True
-    ) as proc:
-        model = model_of(proc)
-        model.failing = True
-        with ThreadPoolExecutor(2) as callers:
-            first = callers.submit(proc.process, IMAGE, {"image": [data]})
-            assert model.entered.wait(30)
-            second = callers.submit(proc.process, IMAGE, {"image": [data]})
-            _wait_until(lambda: proc._in_flight.waiting == 1)
-            assert events == ["parse", "decode 90x60"]  # the waiter has not decoded it
-            model.gate.set()
-            with pytest.raises(MediaItemError, match=r"told to fail \(call 1\)"):
-                first.result(30)
-            # It decoded the item and called the model itself, which fails again.
-            with pytest.raises(MediaItemError, match=r"told to fail \(call [2-9]\)"):
-                second.result(30)
-        assert events == ["parse", "decode 90x60"] * 2
-        model.failing = False
-        out = proc.process(IMAGE, {"image": [data]})
-    assert_matches_hf(proc, out, IMAGE, [image(99)])
 
 
 def test_an_item_left_undecoded_for_its_owner_is_decoded_when_the_owner_is_gone_before_the_wait(
