@@ -581,11 +581,12 @@ def _decoded_size(item: Any) -> int:
 
 
 def decoding_recipe(modality: str, media: MediaOptions) -> dict[str, Any]:
-    """What decoding an encoded item of ``modality`` gives depends on besides its bytes: mmproc's
-    decoding, the versions of the libraries that decode it as loaded (the codec libraries, not
-    only their Python packages, which may be built against system ones), and the sampling (video)
-    or format (audio) it is converted to. Limits, allowed formats and paths only refuse items, so
-    they are not part of it. The processor keys encoded items by their bytes and this."""
+    """Everything besides its bytes that decides what an encoded item of ``modality`` decodes
+    to: mmproc's own decoding (:data:`DECODING_VERSION`), the libraries that decode it as loaded
+    (the codec libraries too, not only their Python packages, which may be built against system
+    ones), and the sampling (video) or format (audio) it is converted to. Limits, allowed formats
+    and paths only refuse items, so they are not part of it. The processor keys encoded items by
+    their bytes and this."""
     recipe: dict[str, Any] = {"mmproc": DECODING_VERSION}
     if modality == "image":
         from PIL import __version__ as pillow
