@@ -257,7 +257,6 @@ class _Pending:
     finish: Callable[[], Any]
     heavy: bool = False
     discard: Callable[[], None] = field(default=lambda: None)
-    source: bytes | None = None  # the encoded file it decodes from, for items given encoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +297,7 @@ class ReadMediaItems:
     ) -> None:
         self._tasks = tasks
         self._states = states
+        self._sources = [state.data if isinstance(state, _Encoded) else None for state in states]
         self._counts = counts
         self._settings = settings
         self._io_pool = io_pool
@@ -312,9 +312,7 @@ class ReadMediaItems:
     def sources(self) -> dict[str, list[bytes | None]]:
         """Modality -> per item, the encoded bytes it decodes from (bytes, a file, a URL, a
         ``data:`` URL, as read), or ``None`` for an item given decoded."""
-        return self._by_modality(
-            [state.data if isinstance(state, _Encoded) else state.source for state in self._states]
-        )
+        return self._by_modality(self._sources)
 
     def decode(self, wanted: Callable[[str, int], bool] | None = None) -> dict[str, list[Any]]:
         """Decode the items ``wanted(modality, index)`` selects (every item by default; each is
@@ -714,7 +712,9 @@ def _prepare_image(raw: Any, settings: _Settings) -> _Pending:
         image = _image_from_array(raw)
         return _done(image, _image_bytes(image.mode, *image.size))
     if isinstance(raw, _ENCODED):  # a frame of a video given as frames
-        data = read_media_bytes(raw, data_url_types=("image/",), options=settings.media)
+        data = read_media_bytes(
+            raw, data_url_types=_DATA_URL_TYPES["image"], options=settings.media
+        )
         return _open_image_file(data, settings)
     raise MediaProblem(
         f"unsupported image type {type(raw).__name__}; expected a PIL image, a uint8 array or "
@@ -728,7 +728,6 @@ def _open_image_file(data: bytes, settings: _Settings) -> _Pending:
         _image_bytes(opened.mode, *opened.size),
         lambda: _load_opened(opened),
         heavy=True,
-        source=data,
     )
 
 
@@ -849,7 +848,7 @@ def _open_video_file(data: bytes, settings: _Settings) -> _Pending:
     except MediaProblem:
         plan.close()
         raise
-    return _Pending(plan.decoded_bytes, plan.decode, heavy=True, discard=plan.close, source=data)
+    return _Pending(plan.decoded_bytes, plan.decode, heavy=True, discard=plan.close)
 
 
 def _prepare_video_item(item: VideoItem, settings: _Settings) -> _Pending:
@@ -969,7 +968,7 @@ def _open_audio_file(data: bytes, settings: _Settings) -> _Pending:
         waveform, rate = convert_audio(plan.decode(), plan.sample_rate, fmt)
         return AudioItem(waveform, rate)
 
-    return _Pending(size, finish, heavy=True, discard=plan.close, source=data)
+    return _Pending(size, finish, heavy=True, discard=plan.close)
 
 
 def _validated_audio(raw: Any) -> tuple[np.ndarray, int]:
