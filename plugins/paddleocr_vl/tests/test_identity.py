@@ -20,8 +20,7 @@ from typing import Any
 import mmproc
 import pytest
 import torch
-from mmproc.errors import ConfigurationError, MmprocError
-from mmproc.fields import BatchedField, FlatField
+from mmproc.plugin import BatchedField, ConfigurationError, FlatField, MmprocError
 from mmproc.testing import call_hf_processor, noise_image
 from mmproc.testing.conformance import assert_matches_hf
 from mmproc_paddleocr_vl.demo import write_paddleocr_vl_folder
