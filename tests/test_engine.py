@@ -9,7 +9,6 @@ import pytest
 import torch
 from mmproc import engine
 from mmproc.engine import (
-    DEFAULT_PIXEL_KEYS,
     NORM_CACHE_BYTES,
     NORM_CACHE_ENTRIES,
     norm_cache_info,
@@ -77,7 +76,8 @@ def test_float_feature_without_spec_is_cast_to_the_model_dtype() -> None:
     assert torch.equal(out["pixel_values"], pixels.to(torch.bfloat16))
     assert out["image_grid_thw"] is grid  # already where it belongs: moved as it is
     assert out["second_per_grid_ts"].dtype == torch.float32  # not a pixel key: dtype kept
-    assert DEFAULT_PIXEL_KEYS == ("pixel_values", "pixel_values_videos")
+    videos = prepare_feature({"pixel_values_videos": pixels}, None, device="cpu")
+    assert videos["pixel_values_videos"].dtype == torch.bfloat16  # a pixel key too
 
 
 def test_video_pixels_follow_the_spec_too() -> None:

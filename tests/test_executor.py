@@ -443,7 +443,8 @@ def _threads_in_worker(pool: ProcessorPool) -> int:
 
 
 def test_workers_times_intra_op_threads_fit_the_cores(processor):
-    torch = pytest.importorskip("torch")
+    import torch
+
     before = torch.get_num_threads()
     expected = min(intra_op_threads_for(2), before)
     with ProcessorPool(lambda: processor, 2) as pool:
@@ -453,7 +454,8 @@ def test_workers_times_intra_op_threads_fit_the_cores(processor):
 
 
 def test_one_worker_leaves_torch_alone_unless_told(processor):
-    torch = pytest.importorskip("torch")
+    import torch
+
     before = torch.get_num_threads()
     with ProcessorPool(lambda: processor, 1) as pool:
         assert pool.intra_op_threads is None
@@ -468,7 +470,8 @@ def test_one_worker_leaves_torch_alone_unless_told(processor):
 
 
 def test_overlapping_pools_restore_only_after_the_last(processor):
-    torch = pytest.importorskip("torch")
+    import torch
+
     before = torch.get_num_threads()
     first = ProcessorPool(lambda: processor, 1, intra_op_threads=1)
     second = ProcessorPool(lambda: processor, 1, intra_op_threads=1)

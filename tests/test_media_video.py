@@ -219,7 +219,8 @@ def test_the_frames_suit_transformers_video_metadata(clip: bytes) -> None:
 
 
 def test_a_qwen2_vl_video_processor_takes_a_decoded_mp4(clip: bytes) -> None:
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     video = _video(clip, _sampling(fps=2, min_frames=4, max_frames=768, frame_multiple=2))
     assert video.metadata is not None
     processor = transformers.Qwen2VLVideoProcessor()

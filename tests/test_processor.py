@@ -145,6 +145,19 @@ class NestedTinyQwen(TinyQwen):
         return None
 
 
+class UnbatchableTinyQwen(TinyQwen):
+    """Cannot batch images of different sizes (as a processor that stacks tiles without padding
+    them cannot): a batch of such images fails, each alone passes."""
+
+    @hookimpl
+    def process_mm_data(self, mm_items):
+        images = list(mm_items.get("image", ()))
+        self.calls.append(len(images))
+        if len({im.size for im in images}) > 1:
+            raise ValueError("stack expects each tensor to be equal size")
+        return None
+
+
 class ThreadRecordingTinyQwen(TinyQwen):
     """Records the thread of every per-request hook call."""
 
@@ -182,6 +195,7 @@ MODELS.update(
         "GatedTinyQwen": GatedTinyQwen,
         "NestedTinyQwen": NestedTinyQwen,
         "ThreadRecordingTinyQwen": ThreadRecordingTinyQwen,
+        "UnbatchableTinyQwen": UnbatchableTinyQwen,
     }
 )
 
@@ -457,6 +471,56 @@ def test_an_item_the_processor_rejects_is_named_by_its_request_index(processor) 
     assert len(model_of(processor).calls) - calls <= 6
     out = processor.process(IMAGE, {"image": [image(43)]})
     assert_matches_hf(processor, out, IMAGE, [image(43)])
+
+
+def test_items_that_fail_only_together_are_processed_apart(folder_for, registry) -> None:
+    small, large = image(71, (60, 90)), image(72, (120, 90))
+    with get_processor(folder_for("UnbatchableTinyQwen"), registry=registry) as proc:
+        together = proc.process(IMAGE * 2, {"image": [small, large]})
+        calls = model_of(proc).calls
+        assert calls[0] == 2 and calls[-2:] == [1, 1]  # the batch, its halves, then one by one
+        proc.cache.clear()
+        alone = [proc.process(IMAGE, {"image": [item]}) for item in (small, large)]
+    assert [f.placeholder.length for f in together.features] == [
+        a.features[0].placeholder.length for a in alone
+    ]
+    for feature, single in zip(together.features, alone):
+        assert torch.equal(feature.data["pixel_values"], single.features[0].data["pixel_values"])
+    assert_matches_hf(proc, alone[1], IMAGE, [large])
+
+
+def test_a_prompt_over_the_prompt_limits_is_refused_before_tokenising(folder, registry) -> None:
+    with get_processor(
+        folder, registry=registry, max_prompt_chars=50, max_prompt_tokens=20
+    ) as proc:
+        with pytest.raises(PromptUpdateError, match=r"51 characters.*max_prompt_chars"):
+            proc.process("x" * 51)
+        with pytest.raises(PromptUpdateError, match=r"21 tokens.*max_prompt_tokens"):
+            proc.process([1] * 21)
+        with pytest.raises(PromptUpdateError, match=r"tokens.*max_prompt_tokens"):
+            proc.process("1234567890" * 3)  # 30 characters, a token a digit
+        assert proc.process("hello").prompt_token_ids
+    with pytest.raises(ConfigurationError, match="max_prompt_chars"):
+        get_processor(folder, registry=registry, max_prompt_chars=0)
+
+
+def test_a_cached_request_is_answered_while_another_callers_long_prompt_is_tokenised(
+    processor,
+) -> None:
+    cached = image(73)
+    processor.process(IMAGE, {"image": [cached]})
+    long_prompt = "hello world " * 200_000 + IMAGE  # 2.4M characters: about a second to tokenise
+    long_request = threading.Thread(
+        target=processor.process, args=(long_prompt, {"image": [cached]})
+    )
+    long_request.start()
+    answered = 0
+    while long_request.is_alive():
+        processor.process(IMAGE, {"image": [cached]})
+        answered += 1
+    long_request.join()
+    # One tokenizer behind a lock let at most the request that got there first through.
+    assert answered >= 3
 
 
 def test_warm_up_makes_the_clones_before_the_first_request(folder, registry) -> None:
@@ -1063,6 +1127,7 @@ def test_an_id_under_other_hf_kwargs_is_another_entry_and_another_hash(processor
         ({"image": ["x" * 1025]}, r"image item 0: its id is 1025 characters long"),
         ({"video": ["v"]}, r"mm_uuids has 1 video id for 0 video items"),
         (["a"], r"mm_uuids must map modality to item ids, not list"),
+        ({"image": ["a"], "imag": []}, r"unknown mm_uuids modality 'imag'.*did you mean 'image'"),
     ],
 )
 def test_bad_ids_name_the_item_and_the_processor_keeps_serving(

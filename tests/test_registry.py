@@ -178,6 +178,23 @@ def test_incompatible_plugin_is_reported_and_never_imported(plugin_site: Path) -
     assert "AssertionError" not in future["error"]
 
 
+def test_the_declared_api_version_is_the_value_of_the_constant_named(plugin_site: Path) -> None:
+    # The good plugin names mmproc.hookspecs:PLUGIN_API_V2; were that constant to say 3, the
+    # plugin would declare API 3, which this core does not provide.
+    result = run_python(
+        plugin_site,
+        """
+        import mmproc.hookspecs
+        mmproc.hookspecs.PLUGIN_API_V2 = 3
+        import mmproc
+        [good] = [p for p in mmproc.get_registry().plugins() if p.name == "good"]
+        print(good.status, good.error)
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "incompatible targets plugin API 3" in result.stdout
+
+
 def test_conflict_is_an_error_naming_both_until_a_preference_resolves_it(plugin_site: Path) -> None:
     result = run_cli(plugin_site, "which", "SharedArch")
     assert result.returncode == 2

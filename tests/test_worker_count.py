@@ -54,7 +54,8 @@ def test_torchvision_backend_follows_the_device(torchvision_processor):
 
 
 def test_torch_device_objects_are_understood(torchvision_processor):
-    torch = pytest.importorskip("torch")
+    import torch
+
     # Building a torch.device needs no GPU.
     assert preprocessing_path(torchvision_processor, device=torch.device("cuda", 0)) is DEVICE
     assert preprocessing_path(torchvision_processor, device=torch.device("cpu")) is CPU
@@ -138,7 +139,7 @@ def test_device_path_caps_a_count_the_model_declared(caplog):
 def test_explicit_request_overrides_the_device_cap(caplog):
     with caplog.at_level(logging.WARNING, logger="mmproc"):
         assert resolve(path=DEVICE, hint=1, requested=2) == 2
-    # Honoured, but the user is told what the device path measured.
+    # Honoured, but the user is told why the device path defaults to one.
     [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "serving device" in record.getMessage()
 

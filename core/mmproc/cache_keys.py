@@ -28,7 +28,7 @@ from typing import Any
 from mmproc.context import ModelContext
 from mmproc.errors import ConfigurationError, MediaItemError
 from mmproc.hashing import canonical_json, hash_context, hash_encoded, hash_item, item_key
-from mmproc.inputs import decoding_recipe
+from mmproc.inputs import check_modalities, decoding_recipe
 from mmproc.media.policy import MediaOptions
 
 __all__ = ["MAX_ITEM_ID_LENGTH", "PROCESSOR_CONFIG_FILES", "CacheKeys", "check_mm_uuids"]
@@ -65,6 +65,7 @@ def check_mm_uuids(
             None,
             f"mm_uuids must map modality to item ids, not {type(mm_uuids).__name__}",
         )
+    check_modalities(mm_uuids, what="mm_uuids modality")
     ids: dict[str, list[str | None]] = {}
     for modality, value in mm_uuids.items():
         count = counts.get(modality, 0)

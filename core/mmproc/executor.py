@@ -17,20 +17,15 @@ Clones
     a closure pointing at the original, so customisations must be bound methods.
 
 Clone scope (what the clone shares)
-    Everything is deep-copied by default, the tokenizer included. Measured on this project's
-    2-core machine (transformers 5.24, a Qwen2-VL processor whose tokenizer has Qwen2's size, a
-    151k-token byte-level BPE): deep-copying the processor takes ~430-460 ms and ~15 MiB, nearly
-    all of it the tokenizer (image processor ~0.03 ms, video processor ~0.03 ms); sharing the
-    tokenizer through the deepcopy memo brings a clone down to ~0.06 ms. Sharing is still not the
-    default because a fast tokenizer is not read-only: ``set_truncation_and_padding`` stores
-    truncation and padding on the Rust tokenizer and leaves them there. With one tokenizer shared
-    by two threads, one calling with ``truncation=True, max_length=8`` and one with defaults, 35
-    (another run: 62) of 200 default calls came back silently truncated to 8 tokens; tokenizers
-    versions that hold the Rust borrow across the encode raise "Already borrowed" instead. A
-    worker cannot know that no request's ``hf_kwargs`` and no other user of the original (the
-    pipeline tokenising prompts) ever passes truncation or padding, so isolation wins, and the
-    cost is moved off the requests instead: :meth:`ProcessorPool.warm_up` makes every worker's
-    clone ahead of the first request (2 workers: ~0.9 s at start-up, plus the probe).
+    Everything is deep-copied, the tokenizer included, though the tokenizer is nearly all of a
+    clone's cost (``benchmarks/workers.py`` prints it): a fast tokenizer is not read-only.
+    ``set_truncation_and_padding`` stores truncation and padding on the Rust tokenizer and leaves
+    them there, so with one tokenizer shared by two threads, a call with ``truncation=True`` can
+    silently truncate another thread's call made with the defaults (or, with tokenizers versions
+    that hold the Rust borrow across the encode, fail it with "Already borrowed"). A worker
+    cannot know that no request's ``hf_kwargs`` ever passes truncation or padding, so isolation
+    wins, and the cost is moved off the requests instead: :meth:`ProcessorPool.warm_up` makes
+    every worker's clone ahead of the first request.
 
 Probe and fallback
     One probe clone at construction (discarded: the processor may still change). A processor
@@ -41,13 +36,10 @@ Probe and fallback
 
 One worker, sync and async callers
     Calls always run on the pool's threads, also with one worker, and :meth:`run` waits for the
-    result: the thread hop costs ~15 us a call (measured) against 10-40 ms of preprocessing,
-    it keeps one code path and one clone per worker, and it lets :meth:`run_async` keep the event
-    loop free whatever the count. Measured against HF called in a loop on a plain thread, one
-    worker gives 0.99-1.00x; against HF on the main thread it varied from 0.92x to 1.10x between
-    runs and backends, which is glibc's main arena and OpenMP state on the main thread, not the
-    pool. Only the synchronous fallback runs inline, and there :meth:`run_async` blocks the loop
-    for the duration of the call, as a one-worker engine without a pool would.
+    result: the thread hop is microseconds against milliseconds of preprocessing, it keeps one
+    code path and one clone per worker, and it lets :meth:`run_async` keep the event loop free
+    whatever the count. Only the synchronous fallback runs inline, and there :meth:`run_async`
+    blocks the loop for the duration of the call, as a one-worker engine without a pool would.
 
 Intra-op threads
     torch's own intra-op thread pool competes with the workers for the cores. With more than one
@@ -55,13 +47,8 @@ Intra-op threads
     raising what was set) in every worker thread, and restores the previous value when the last
     pool using it shuts down; ``intra_op_threads=`` overrides (an int) or disables (``None``)
     this. The setting is process-wide in torch, so while a pool runs, other torch work in the
-    process sees it too. Measured here (2 cores, torchvision Qwen2-VL processor, 1024x768): one
-    worker 87 req/s with torch's 2 threads and 67 with one; two workers 113 req/s with one thread
-    each, which is 1.29x the first and 1.68x the second (matching the issue's 1.28x and 1.63x,
-    two ratios against different baselines). Two workers on torch's default threads also gave
-    113 req/s here, so on 2 cores the setting costs no throughput while keeping
-    ``workers x threads`` within the cores; it matters where the default would be one thread per
-    core in every worker.
+    process sees it too. It keeps ``workers x threads`` within the cores, which matters where
+    torch's default is one thread per core in every worker (``benchmarks/workers.py`` compares).
 
 Errors
     An exception raised by a task goes to that task's caller only; the pool keeps serving.
@@ -206,8 +193,8 @@ def _init_worker_thread(set_threads: bool) -> None:
     """Initializer of every worker thread: apply the pools' torch intra-op setting to it.
 
     torch's setting is partly thread-local (OpenMP and BLAS thread counts of a thread that did not
-    set them itself stay at the old value: measured, a matmul on a new thread still ran on both
-    cores after ``torch.set_num_threads(1)`` on the main thread), so each worker sets it itself.
+    set them itself stay at the old value: a matmul on a new thread still runs on every core
+    after ``torch.set_num_threads(1)`` on the main thread), so each worker sets it itself.
     An initializer that raises breaks the whole executor, so this never raises.
     """
     threads = _INTRA_OP.current() if set_threads else None

@@ -12,7 +12,13 @@ from mmproc.context import ModelContext, read_model_config
 from mmproc.errors import ProcessorLoadError
 from mmproc.hashing import DEFAULT_HASH_ALGORITHM
 from mmproc.model_hooks import load_model_hooks
-from mmproc.options import ProcessorOptions, WarmUp, check_plugin_options
+from mmproc.options import (
+    DEFAULT_MAX_PROMPT_CHARS,
+    DEFAULT_MAX_PROMPT_TOKENS,
+    ProcessorOptions,
+    WarmUp,
+    check_plugin_options,
+)
 from mmproc.processor import Processor
 
 if TYPE_CHECKING:
@@ -38,6 +44,8 @@ def get_processor(
     remote_media: RemoteMedia | None = None,
     media_limits: MediaLimits | None = None,
     video_sampling: VideoSampling | None = None,
+    max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS,
+    max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS,
     prefer: Mapping[str, str] | None = None,
     model_path: str | os.PathLike[str] | None = None,
     registry: Registry | None = None,
@@ -76,6 +84,8 @@ def get_processor(
         remote_media=remote_media,
         media_limits=media_limits,
         video_sampling=video_sampling,
+        max_prompt_chars=max_prompt_chars,
+        max_prompt_tokens=max_prompt_tokens,
     )
     registry = registry or get_registry()
     target = os.fspath(name_or_folder)

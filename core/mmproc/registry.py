@@ -45,6 +45,7 @@ from mmproc.errors import (
     PluginSpecError,
     UnknownArchitectureError,
 )
+from mmproc import hookspecs
 from mmproc.hook_checks import explain_validation_error, unmarked_hooks
 from mmproc.hookspecs import (
     PLUGIN_API_VERSION,
@@ -297,6 +298,10 @@ def _entry_point_sources() -> list[_PluginSource]:
 
 
 def _parse_api_target(target: str | None) -> tuple[int | None, str | None]:
+    """The plugin API version a plugin's ``mmproc.plugin_api`` entry point declares, and why
+    the plugin cannot be loaded (None when it can). The version is the value of the constant
+    named (``mmproc.hookspecs.PLUGIN_API_V2`` is 2); a constant this core does not define names
+    an API it does not provide, whose number is read from the name to say so."""
     if target is None:
         return None, (
             f"declares no plugin API version (add an entry point in group "
@@ -305,7 +310,8 @@ def _parse_api_target(target: str | None) -> tuple[int | None, str | None]:
     match = _API_TARGET_PATTERN.match(target)
     if match is None:
         return None, f"plugin API declaration {target!r} is not 'mmproc.hookspecs:PLUGIN_API_V<N>'"
-    version = int(match.group(1))
+    value = getattr(hookspecs, target.partition(":")[2], None)
+    version = value if isinstance(value, int) else int(match.group(1))
     if version not in SUPPORTED_PLUGIN_API_VERSIONS:
         supported = ", ".join(str(v) for v in sorted(SUPPORTED_PLUGIN_API_VERSIONS))
         return version, f"targets plugin API {version}; this mmproc provides {supported}"

@@ -179,7 +179,7 @@ def resolve_worker_count(
        the model whenever that takes workers away (a request above 1, or a CPU-path default).
     2. An explicit request (``requested``, from the ``workers=`` option or ``MMPROC_WORKERS``;
        see :func:`requested_worker_count`) wins over the path and the hint. More than one on the
-       ``DEVICE`` path is honoured with a warning, since it was measured to lower throughput.
+       ``DEVICE`` path is honoured with a warning: there extra workers lower throughput.
     3. ``DEVICE`` path: 1, even when the model hints more (logged at info level).
     4. ``CPU`` path: the model's hint, else 2.
 
@@ -223,8 +223,8 @@ def resolve_worker_count(
     if requested is not None and requested > 1 and path is PreprocessingPath.DEVICE:
         logger.warning(
             "%d preprocessing workers requested for %s while its preprocessing runs on the "
-            "serving device: extra workers there compete with the model (one engine measured "
-            "9.30 -> 4.02 req/s with a second worker); leave the count unset to get 1",
+            "serving device: extra workers there compete with the model for the device and "
+            "lower throughput; leave the count unset to get 1",
             requested,
             name,
         )

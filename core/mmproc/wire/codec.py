@@ -407,8 +407,8 @@ class DecodeLimits:
     """Most bytes of Python objects decoding may build per byte of the message (all frames), but
     never fewer than ``memory_allowance``: the parse of the body, tensor and array objects, the
     list of token ids. Every object is charged before it is built, at an upper bound of its size;
-    a message that would need more is refused. Measured peak RSS growth stays within 16x the
-    message size (``benchmarks/decode_memory.py``)."""
+    a message that would need more is refused (``benchmarks/decode_memory.py`` prints the peak
+    RSS growth against the message size)."""
     memory_allowance: int = MEMORY_ALLOWANCE
     """Bytes any message may use however small (256 KiB: 16x a 16 KiB message): a request body
     of up to ~0.9 KiB, whose worst case fits in it, is parsed in one C call without counting."""

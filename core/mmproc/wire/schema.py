@@ -19,9 +19,8 @@ The map, in this key order (tensors as the codec's ``[dtype, shape, data]``)::
      "prompt_outputs": {str: tensor of shape [n], ...}}
 
 The prompt's token ids travel as one little-endian int64 array (numpy's ``"<i8"``), not as a
-msgpack array of ints: packing, parsing and checking one int at a time cost ~20-40 ns a token on
-each side (a 128k-token prompt: ~5.8 ms to decode, against ~2 ms now, most of it creating the
-Python ints of the list the engine gets), and a long prompt's ids leave as a zero-copy frame.
+msgpack array of ints: packing, parsing and checking one int at a time costs several times more
+on each side (``benchmarks/wire.py``), and a long prompt's ids leave as a zero-copy frame.
 
 It carries ``schema_version``; a receiver rejects any other version than `SCHEMA_VERSION`
 with a `DecodeError` that says which versions met, so a front end and an engine from different

@@ -1,0 +1,50 @@
+"""TokenizerClones: tokenizer copies lent one caller at a time, for cached requests."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from mmproc.tokenizer_clones import TokenizerClones
+from transformers import AutoTokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen_folder: Path):
+    return AutoTokenizer.from_pretrained(str(qwen_folder), local_files_only=True)
+
+
+def test_the_original_is_lent_first_and_copies_only_when_it_is_busy(tokenizer) -> None:
+    clones = TokenizerClones(tokenizer, max_copies=3)
+    with clones.borrow() as first:
+        assert first is tokenizer
+        with clones.borrow() as second:
+            assert second is not tokenizer
+            assert second("a picture")["input_ids"] == tokenizer("a picture")["input_ids"]
+    assert clones.copies == 2
+    with clones.borrow() as again:
+        assert again in (tokenizer, second)  # returned copies are lent again
+    assert clones.copies == 2
+
+
+def test_a_borrower_beyond_the_bound_waits_for_a_copy_to_come_back(tokenizer) -> None:
+    clones = TokenizerClones(tokenizer, max_copies=1)
+    got: list[object] = []
+
+    def second_borrower() -> None:
+        with clones.borrow() as tok:
+            got.append(tok)
+
+    with clones.borrow():
+        waiter = threading.Thread(target=second_borrower)
+        waiter.start()
+        waiter.join(0.2)
+        assert waiter.is_alive() and not got  # waiting: the one copy is lent
+    waiter.join(30)
+    assert got == [tokenizer] and clones.copies == 1
+
+
+def test_a_bound_below_one_is_refused(tokenizer) -> None:
+    with pytest.raises(ValueError, match="max_copies"):
+        TokenizerClones(tokenizer, max_copies=0)
