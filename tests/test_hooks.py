@@ -309,6 +309,44 @@ def test_hook_get_dummy_text_decides_which_modalities_the_model_takes(build) -> 
         processor.process("hello", {"video": [video]})
 
 
+# --- get_placeholder_text -------------------------------------------------------------------------
+
+STRING_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+)
+
+
+class OwnPlaceholder(Tiny):
+    @hookimpl
+    def get_placeholder_text(self, modality):
+        return f"<|vision_start|><|image_pad|><|vision_end|>[{modality}]"
+
+
+def test_hook_get_placeholder_text_is_what_a_string_template_gets_for_each_media_part(
+    build,
+) -> None:
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "look"},
+                {"type": "image", "image": image(60)},
+                {"type": "text", "text": "there"},
+            ],
+        },
+    ]
+    tokenizer = build(Tiny).hf_processor.tokenizer
+    for model, placeholder in [(Tiny, IMAGE), (OwnPlaceholder, f"{IMAGE}[image]")]:
+        processor = build(model)
+        out = processor.process_chat(
+            messages, chat_template=STRING_TEMPLATE, add_generation_prompt=False
+        )
+        text = tokenizer.decode(out.prompt_token_ids)
+        assert text.startswith("user: look\n<|vision_start|>")
+        assert text.endswith(f"<|vision_end|>{placeholder[len(IMAGE) :]}\nthere\n")
+        assert [f.modality for f in out.features] == ["image"]
+
+
 # --- supports_concurrency -----------------------------------------------------------------------
 
 

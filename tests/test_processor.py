@@ -1227,11 +1227,14 @@ def test_recording_stages_gives_each_request_started_inside_a_clock_of_its_stage
             elapsed = time.perf_counter() - start
             proc.process(IMAGE, {"image": [image(950)]})
             asyncio.run(proc.process_async(IMAGE, {"image": [image(951)]}))
+            chat = [{"role": "user", "content": [{"type": "image", "image": image(953)}]}]
+            proc.process_chat(chat)
         proc.process(IMAGE, {"image": [image(952)]})
-    miss, hit, async_miss = log.clocks
-    assert set(miss.seconds) == set(async_miss.seconds) == set(STAGES)
+    miss, hit, async_miss, chat_miss = log.clocks
+    assert set(miss.seconds) == set(async_miss.seconds) == set(STAGES) - {"render"}
+    assert set(chat_miss.seconds) == set(STAGES) - {"tokenize"}  # the template's ids are given
     assert set(hit.seconds) == {"hops", "parse", "hash", "lookup", "tokenize", "expand"} | {
         "prompt_outputs"
     }
     assert 0 < miss.total <= elapsed
-    assert len(log) == 3  # the request after the block was not recorded
+    assert len(log) == 4  # the request after the block was not recorded

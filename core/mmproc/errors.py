@@ -1,7 +1,26 @@
 """One error hierarchy for everything mmproc raises on purpose.
 
 Every message names what was wrong: the plugin, the architecture, the media item (modality and
-index), the wire frame. Callers catch ``MmprocError`` to handle any of them.
+index), the chat message and part, the wire frame. Callers catch ``MmprocError`` to handle any
+of them::
+
+    MmprocError
+    ├── ConfigurationError           a setting mmproc cannot use (also a ValueError)
+    ├── PluginError                  a plugin, named in .plugin
+    │   ├── PluginLoadError          its entry point failed to import or register
+    │   ├── IncompatiblePluginError  it targets another plugin API
+    │   ├── PluginSpecError          its hooks do not match the specifications
+    │   ├── PluginConflictError      several plugins claim one architecture
+    │   └── UnknownArchitectureError no plugin serves it (also a LookupError)
+    ├── ProcessorLoadError           a model folder's HF processor cannot be built
+    ├── MediaItemError               a request's media item: .modality, .index
+    ├── PromptUpdateError            the prompt and the items do not line up
+    ├── ChatRequestError             a chat request's message or part: .message_index, .part_index
+    │   └── ChatTemplateError        the chat template failed to render it
+    ├── FieldSpecError               a model's fields do not fit its outputs
+    ├── ProcessingError              the model's processor failed on a request
+    ├── EncodeError                  an object cannot go on the wire (also a TypeError)
+    └── DecodeError                  a received message is malformed
 """
 
 from __future__ import annotations
@@ -9,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "ChatRequestError",
+    "ChatTemplateError",
     "ConfigurationError",
     "DecodeError",
     "EncodeError",
@@ -151,6 +172,41 @@ class PromptUpdateError(MmprocError, ValueError):
         super().__init__(message)
         self.modality = modality
         self.item_index = item_index
+
+
+class ChatRequestError(MmprocError, ValueError):
+    """A chat request is unusable: names the message and the part (by index) that is wrong.
+
+    ``message_index`` and ``part_index`` are ``None`` when the problem is not one message or one
+    part (the messages are not a list; the template refused the conversation as a whole). For a
+    media part, ``modality`` and ``item_index`` say which item of the request it became.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        message_index: int | None = None,
+        part_index: int | None = None,
+        modality: str | None = None,
+        item_index: int | None = None,
+    ) -> None:
+        where = ""
+        if message_index is not None:
+            where = f"message {message_index}"
+            if part_index is not None:
+                where += f", part {part_index}"
+            where += ": "
+        super().__init__(where + message)
+        self.message_index = message_index
+        self.part_index = part_index
+        self.modality = modality
+        self.item_index = item_index
+
+
+class ChatTemplateError(ChatRequestError):
+    """The chat template failed to render the conversation (its own ``raise_exception``, an
+    error in the template, or a variable it needs)."""
 
 
 class FieldSpecError(MmprocError):

@@ -46,6 +46,7 @@ def get_processor(
     video_sampling: VideoSampling | None = None,
     max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS,
     max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS,
+    max_items_per_request: Mapping[str, int] | None = None,
     prefer: Mapping[str, str] | None = None,
     model_path: str | os.PathLike[str] | None = None,
     registry: Registry | None = None,
@@ -86,6 +87,7 @@ def get_processor(
         video_sampling=video_sampling,
         max_prompt_chars=max_prompt_chars,
         max_prompt_tokens=max_prompt_tokens,
+        max_items_per_request=max_items_per_request,
     )
     registry = registry or get_registry()
     target = os.fspath(name_or_folder)

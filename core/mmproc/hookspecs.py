@@ -27,15 +27,18 @@ so an incompatible plugin is reported without being imported::
 
 Threads: discovery runs once per registry, on the thread of its first lookup.
 ``load_hf_processor``, ``extra_options``, ``supports_concurrency``, ``worker_count_hint``,
-``device_norm_spec``, ``media_format`` and ``get_dummy_text`` (once per modality, to learn the
-model's placeholders) run once per ``Processor``, on the thread calling ``get_processor``. The
+``device_norm_spec``, ``media_format``, ``get_placeholder_text`` and ``get_dummy_text`` (once
+per modality, to learn the model's placeholders) run once per ``Processor``, on the thread
+calling ``get_processor``. The
 per-request hooks (``process_mm_data``, ``get_mm_fields``,
 ``get_prompt_updates``, ``get_dummy_text``) run on a worker-pool thread, with that thread's own
 processor clone, possibly on several threads at once: keep no per-request state on the model.
 
 Versions: API 2 added ``mode`` to ``process_mm_data``, demo models, and the rule that
 ``get_prompt_updates`` sees only the items being computed (their resolved updates are cached
-with them). Plugins written for API 1 are reported ``incompatible``.
+with them); hooks added since (``get_prompt_outputs``, ``get_placeholder_text``) have defaults,
+so plugins written before them keep working. Plugins written for API 1 are reported
+``incompatible``.
 """
 
 from __future__ import annotations
@@ -210,6 +213,19 @@ class ModelSpec:
         item of each modality, to learn the model's placeholders: a modality whose dummy text is
         empty is one the model does not take. Called on a worker-pool thread, and at
         construction. No default: a model must implement it.
+        """
+
+    @hookspec(firstresult=True)
+    def get_placeholder_text(self, ctx: ModelContext, modality: str) -> str | None:
+        """Return the text that stands for one item of ``modality`` in a prompt.
+
+        Signature: ``get_placeholder_text(ctx, modality) -> str``.
+
+        Used by chat requests (``Processor.process_chat``) whose chat template takes message
+        contents as strings: each media part of a message becomes this text, where the part was
+        among the message's text parts, and the template renders the whole. (A template that walks
+        content parts writes the placeholders itself.) Default: ``get_dummy_text`` for one item of
+        the modality. Called once per modality, on the thread calling ``get_processor``.
         """
 
     @hookspec(firstresult=True)

@@ -327,11 +327,13 @@ def read_mm_data(
     io_pool: Executor | None = None,
     image_formats: Sequence[str] | None = IMAGE_FORMATS,
     media: MediaOptions | None = None,
+    max_items: Mapping[str, int] | None = None,
 ) -> ReadMediaItems:
     """The first step of :func:`parse_mm_data`: read the bytes of every item given encoded
     and check every item given decoded, parsing and decoding nothing; :meth:`ReadMediaItems.decode`
-    does the rest. Arguments as for ``parse_mm_data``; raises its errors of reading and checking
-    (the headers, the request's decoded size and decoding are ``decode``'s)."""
+    does the rest. Arguments as for ``parse_mm_data``, and ``max_items``: the most items of a
+    modality (refused before any item is read). Raises ``parse_mm_data``'s errors of reading and
+    checking (the headers, the request's decoded size and decoding are ``decode``'s)."""
     if mm_data is None:
         mm_data = {}
     if not isinstance(mm_data, Mapping):
@@ -357,6 +359,14 @@ def read_mm_data(
         if value is None:
             continue
         items = _as_item_list(modality, value)
+        limit = (max_items or {}).get(modality)
+        if limit is not None and len(items) > limit:
+            raise MediaItemError(
+                modality,
+                limit,
+                f"more than {limit} {modality} items in one request "
+                "(the max_items_per_request option)",
+            )
         counts[modality] = len(items)
         tasks.extend(_Task(modality, index, raw) for index, raw in enumerate(items))
 

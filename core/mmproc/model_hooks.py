@@ -283,6 +283,14 @@ class ModelHooks:
         result = self._call("get_dummy_text", ProcessingError, ctx=ctx, mm_counts=mm_counts)
         return self._typed("get_dummy_text", self._required("get_dummy_text", result), str, "str")
 
+    def get_placeholder_text(self, ctx: ModelContext, modality: str) -> str:
+        """The text standing for one item of ``modality``: the hook's, else the dummy text of
+        one item."""
+        result = self._call("get_placeholder_text", ProcessingError, ctx=ctx, modality=modality)
+        if result is None:
+            return self.get_dummy_text(ctx, {modality: 1})
+        return self._typed("get_placeholder_text", result, str, "str")
+
     def extra_options(self, ctx: ModelContext) -> frozenset[str]:
         """Names of the processor options the model reads beyond the core's."""
         names = self._call("extra_options", PluginSpecError, ctx=ctx)

@@ -98,6 +98,10 @@ class ProcessorOptions:
     ``max_prompt_tokens``
         the longest prompt in tokens before its placeholders are expanded, text or token ids
         (default :data:`DEFAULT_MAX_PROMPT_TOKENS`; ``None``: no limit).
+    ``max_items_per_request``
+        ``{modality: n}``: the most items of a modality one request may have, refused before
+        any is read (default: no count limit; ``MediaLimits.max_request_decoded_bytes`` still
+        bounds what they may cost).
     """
 
     workers: int | None = None
@@ -115,12 +119,26 @@ class ProcessorOptions:
     video_sampling: VideoSampling | None = None
     max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS
     max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS
+    max_items_per_request: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         _count_or_none("workers", self.workers)
         _count_or_none("io_workers", self.io_workers)
         _count_or_none("max_prompt_chars", self.max_prompt_chars)
         _count_or_none("max_prompt_tokens", self.max_prompt_tokens)
+        limits = self.max_items_per_request
+        if limits is not None:
+            from mmproc.media.items import MODALITIES
+
+            if not isinstance(limits, Mapping) or not all(
+                modality in MODALITIES and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                for modality, n in limits.items()
+            ):
+                raise ConfigurationError(
+                    "max_items_per_request must map modalities "
+                    f"({', '.join(MODALITIES)}) to counts >= 0, got {limits!r}"
+                )
+            object.__setattr__(self, "max_items_per_request", MappingProxyType(dict(limits)))
         if self.device_normalize not in (None, True, False):
             raise ConfigurationError(
                 f"device_normalize must be True, False or None, got {self.device_normalize!r}"

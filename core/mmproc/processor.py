@@ -1,26 +1,31 @@
 """The request pipeline: ``(prompt, media) -> ProcessedInputs``.
 
-For each request (:meth:`Processor.process`, :meth:`Processor.process_async`):
+For each request (:meth:`Processor.process`, :meth:`Processor.process_async`), the steps of
+:meth:`Processor._route`, in order:
 
 1. Read the media items (:mod:`mmproc.inputs`), on the IO pool when there are several: the
-   bytes of those given encoded, nothing parsed yet; load those given decoded (images, arrays,
-   waveforms).
+   bytes of those given encoded, nothing parsed yet; check those given decoded, and load them
+   unless the caller named them by an id (images, arrays, waveforms).
 2. Key each item (:mod:`mmproc.cache_keys`): the caller's id for it, the hash of its bytes (an
    item given encoded: a file, bytes, a URL) or its content hash, combined with the model, its
    processor configuration and the options that change outputs.
 3. Look the keys up in the processor-output cache. A cached item holds its outputs and its
    resolved prompt update, so when every item hits, the request is answered right here (steps
-   5-6 on the caller's thread): no decoding, no worker, no HF processor. Otherwise the items
-   given encoded that missed are parsed and decoded, except those another request is
-   computing right now: the request waits for them (:mod:`mmproc.inflight`) and decodes them
-   only if the cache still lacks them then.
-4. Otherwise, on a worker-pool thread with that thread's processor clone: run the HF processor
-   on the missing items only (each distinct item once), in one call with the model's dummy text;
-   split the outputs per item (the model's fields), resolve each item's prompt update, and cache
-   both. With device normalisation on, pixels come out raw and travel as uint8.
+   5-6 on the caller's thread): no decoding, no worker, no HF processor. Otherwise the misses
+   given encoded are parsed and decoded — unless another request is computing one of them right
+   now: then the request waits for it first (:mod:`mmproc.inflight`), looks its misses up again,
+   and decodes what the cache still lacks.
+4. On a worker-pool thread with that thread's processor clone: run the HF processor on the
+   missing items only (each distinct item once), in one call with the model's dummy text (one
+   item at a time when they fail together but each passes alone); split the outputs per item
+   (the model's fields), resolve each item's prompt update, and cache both. With device
+   normalisation on, pixels come out raw and travel as uint8.
 5. Tokenise the prompt (or take the token ids given) and apply every item's prompt update,
    recording each item's placeholder range.
 6. One feature per item, in prompt order.
+
+``process`` drives the steps on the calling thread, ``process_async`` from the event loop (the
+work of steps 1-3 on a prepare pool, the waits on the loop): one sequence, two drivers.
 
 With ``hf_prompt_expansion=True`` and a text prompt whose items all miss the cache, step 4 calls
 the HF processor on the prompt itself, HF expands the placeholders and mmproc only locates the
@@ -39,9 +44,11 @@ from typing import TYPE_CHECKING, Any
 
 from mmproc.cache import CachedItem, ProcessorCache
 from mmproc.cache_keys import CacheKeys, check_mm_uuids
+from mmproc.chat import ChatOptions, ChatRenderer, RenderedChat
 from mmproc.context import ModelContext, ProcessingMode
 from mmproc.device_normalization import DeviceNormalization
 from mmproc.errors import (
+    ChatRequestError,
     FieldSpecError,
     MediaItemError,
     MmprocError,
@@ -178,6 +185,22 @@ _Route = Generator[_OffLoop | _WaitFor | _OnWorker, Any, ProcessedInputs]
 """A request's steps (:meth:`Processor._route`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Done:
+    result: ProcessedInputs
+
+
+def _resume(route: _Route, outcome: Any) -> _OffLoop | _WaitFor | _OnWorker | _Done:
+    """Give a step's result (or its exception) back to ``route``: its next step, or its end.
+    An exception the route does not handle is raised from here."""
+    try:
+        if isinstance(outcome, Exception):
+            return route.throw(outcome)
+        return route.send(outcome)
+    except StopIteration as done:
+        return _Done(done.value)
+
+
 class Processor:
     """Preprocesses requests for one model: media, placeholders, cache, worker pool.
 
@@ -210,6 +233,13 @@ class Processor:
         self._keys.context_digest({}, self.normalization.active)  # unkeyable options fail here
         self._tokenizer = tokenizer_of(self.hf_processor)
         self._placeholder_ids = self._learn_placeholders()
+        self._chat = ChatRenderer(
+            self.hf_processor,
+            self._tokenizer,
+            {m: model.get_placeholder_text(ctx, m) for m in self._placeholder_ids},
+            model=f"{ctx.architecture} (plugin {ctx.plugin!r})",
+            max_items=options.max_items_per_request,
+        )
         self._in_flight = InFlight()
         self._stage_log: StageLog | None = None
         self._thread_state = threading.local()  # .processing: inside this processor's worker call
@@ -303,6 +333,115 @@ class Processor:
         route = self._route(self._prepare, (prompt, mm_data, hf_kwargs, mm_uuids), clock)
         return await self._run_async(route)
 
+    def process_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        keep_control_tokens: bool = False,
+        mm_uuids: Mapping[str, Any] | None = None,
+        hf_kwargs: Mapping[str, Any] | None = None,
+    ) -> ProcessedInputs:
+        """Preprocess one chat request: OpenAI-style ``messages``, media in their content parts.
+
+        The messages are rendered with the model's chat template (or ``chat_template``) and
+        tokenised, and their media parts become the request's items in message order
+        (:mod:`mmproc.chat.messages` lists the parts taken); then the request goes through the
+        same pipeline, cache and media rules as :meth:`process`, and gives what it gives. Control
+        tokens typed in the messages' text stay text (unless ``keep_control_tokens``): only the
+        template's own tokens, and the placeholders of the media parts, act as such. A part's
+        ``"uuid"`` names its item as ``mm_uuids`` would (give ids one way or the other).
+
+        Raises:
+            ChatRequestError: a message or part that is wrong, or a media item of one that
+                cannot be used, naming the message and the part (``ChatTemplateError`` when the
+                template fails).
+        """
+        options = ChatOptions(
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs or {},
+            tools=tools,
+            documents=documents,
+            keep_control_tokens=keep_control_tokens,
+        )
+        return self._run(self._chat_route(messages, options, mm_uuids, hf_kwargs))
+
+    async def process_chat_async(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        keep_control_tokens: bool = False,
+        mm_uuids: Mapping[str, Any] | None = None,
+        hf_kwargs: Mapping[str, Any] | None = None,
+    ) -> ProcessedInputs:
+        """Like :meth:`process_chat`, without blocking the event loop."""
+        options = ChatOptions(
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs or {},
+            tools=tools,
+            documents=documents,
+            keep_control_tokens=keep_control_tokens,
+        )
+        return await self._run_async(self._chat_route(messages, options, mm_uuids, hf_kwargs))
+
+    def _chat_route(
+        self,
+        messages: Any,
+        options: ChatOptions,
+        mm_uuids: Mapping[str, Any] | None,
+        hf_kwargs: Mapping[str, Any] | None,
+    ) -> _Route:
+        """A chat request's steps: rendering it, then the steps of :meth:`_route`; an item's
+        error names the message and the part it came from."""
+        clock = self._new_clock()
+        rendered: list[RenderedChat] = []
+
+        def prepare(clock: StageClock) -> _Request | ProcessedInputs:
+            clock.mark("hops")  # from the caller to the prepare pool, for async requests
+            with self._front.borrow() as tokenizer:
+                chat = self._chat.render(messages, options, tokenizer)
+            rendered.append(chat)
+            ids = chat.mm_uuids
+            if ids is not None and mm_uuids is not None:
+                raise ChatRequestError(
+                    "item ids given twice, in the parts' 'uuid' and as mm_uuids: give them one way"
+                )
+            clock.mark("render")
+            return self._prepare(
+                chat.prompt_token_ids, chat.mm_data, hf_kwargs, ids or mm_uuids, clock
+            )
+
+        try:
+            return (yield from self._route(prepare, (), clock))
+        except MediaItemError as exc:
+            if not rendered or exc.index is None:
+                raise
+            item = rendered[0].chat.locate(exc.modality, exc.index)
+            if item is None:
+                raise
+            raise ChatRequestError(
+                f"its {exc.modality} (item {exc.index} of the request): {exc.reason}",
+                message_index=item.message_index,
+                part_index=item.part_index,
+                modality=exc.modality,
+                item_index=exc.index,
+            ) from exc
+
     def _route(
         self,
         prepare: Callable[..., _Request | ProcessedInputs],
@@ -336,41 +475,45 @@ class Processor:
         # a claim of the request that made it.
         nested = getattr(self._thread_state, "processing", False)
         with contextlib.closing(route):
-            step = next(route)
-            while True:
-                if isinstance(step, _OffLoop):
-                    result: Any = step.fn(*step.args)
-                elif isinstance(step, _WaitFor):
-                    result = not nested and self._in_flight.wait(step.keys)
-                else:
-                    result = self._pool.run(step.fn, step.request)
+            step: _OffLoop | _WaitFor | _OnWorker | _Done = next(route)
+            while not isinstance(step, _Done):
                 try:
-                    step = route.send(result)
-                except StopIteration as done:
-                    return done.value
+                    if isinstance(step, _OffLoop):
+                        result: Any = step.fn(*step.args)
+                    elif isinstance(step, _WaitFor):
+                        result = not nested and self._in_flight.wait(step.keys)
+                    else:
+                        result = self._pool.run(step.fn, step.request)
+                except Exception as exc:
+                    step = _resume(route, exc)
+                else:
+                    step = _resume(route, result)
+            return step.result
 
     async def _run_async(self, route: _Route) -> ProcessedInputs:
         """Drive ``route`` from the event loop, never blocking it."""
         loop = asyncio.get_running_loop()
         with contextlib.closing(route):
-            step = next(route)
-            while True:
-                if isinstance(step, _OffLoop):
-                    # Not on the IO pool itself: preparing waits for decode jobs it puts on that
-                    # pool, and waiting inside the pool for the pool deadlocks once every IO
-                    # thread does it.
-                    result: Any = await loop.run_in_executor(
-                        self._prepare_pool, step.fn, *step.args
-                    )
-                elif isinstance(step, _WaitFor):
-                    # On the loop: the prepare pool stays free for the requests behind this one.
-                    result = await self._in_flight.wait_async(step.keys)
-                else:
-                    result = await self._pool.run_async(step.fn, step.request)
+            step: _OffLoop | _WaitFor | _OnWorker | _Done = next(route)
+            while not isinstance(step, _Done):
                 try:
-                    step = route.send(result)
-                except StopIteration as done:
-                    return done.value
+                    if isinstance(step, _OffLoop):
+                        # Not on the IO pool itself: preparing waits for decode jobs it puts on
+                        # that pool, and waiting inside the pool for the pool deadlocks once every
+                        # IO thread does it.
+                        result: Any = await loop.run_in_executor(
+                            self._prepare_pool, step.fn, *step.args
+                        )
+                    elif isinstance(step, _WaitFor):
+                        # On the loop: the prepare pool stays free for the requests behind it.
+                        result = await self._in_flight.wait_async(step.keys)
+                    else:
+                        result = await self._pool.run_async(step.fn, step.request)
+                except Exception as exc:
+                    step = _resume(route, exc)
+                else:
+                    step = _resume(route, result)
+            return step.result
 
     def _prepare(
         self,
@@ -388,7 +531,12 @@ class Processor:
         user_kwargs = dict(hf_kwargs or {})
         raw = self.normalization.raw_pixels_for(user_kwargs)
         digest = self._keys.context_digest(user_kwargs, raw)
-        read = read_mm_data(mm_data, io_pool=self._io_pool, media=self._media)
+        read = read_mm_data(
+            mm_data,
+            io_pool=self._io_pool,
+            media=self._media,
+            max_items=self.ctx.processor_options.max_items_per_request,
+        )
         kept = False  # whether the request keeps its media open, to decode after its wait
         try:
             counts = read.counts

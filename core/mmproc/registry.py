@@ -36,6 +36,7 @@ from typing import Any
 
 import pluggy
 
+from mmproc import hookspecs
 from mmproc.errors import (
     ConfigurationError,
     IncompatiblePluginError,
@@ -45,7 +46,6 @@ from mmproc.errors import (
     PluginSpecError,
     UnknownArchitectureError,
 )
-from mmproc import hookspecs
 from mmproc.hook_checks import explain_validation_error, unmarked_hooks
 from mmproc.hookspecs import (
     PLUGIN_API_VERSION,

@@ -15,6 +15,7 @@ __all__ = ["NO_CLOCK", "STAGES", "StageClock", "StageLog"]
 
 #: The stages, in pipeline order, with what each covers.
 STAGES: Mapping[str, str] = {
+    "render": "chat requests: checking the messages, rendering the chat template, tokenising",
     "parse": "reading the items given encoded (bytes only) and loading those given decoded",
     "hash": "keying the items: content hash, hash of the encoded bytes, or caller id",
     "lookup": "cache lookups and claims on items in flight",

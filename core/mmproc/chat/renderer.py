@@ -1,0 +1,190 @@
+"""Chat messages in, the prompt's token ids and the request's media out.
+
+:class:`ChatRenderer` is built once per processor (its model's placeholders and modalities, its
+chat template); :meth:`ChatRenderer.render` then does, for one request:
+
+1. check the messages and take out their media parts as items (:mod:`mmproc.chat.messages`);
+2. build the conversation the template gets: content parts for an "openai" template (each media
+   part ``{"type": "image"}`` and the like, as transformers' templates expect), strings with the
+   model's placeholder text where each media part was for a "string" one; the control tokens in
+   the request's own strings marked (:mod:`mmproc.chat.control_tokens`);
+3. render it (:mod:`mmproc.chat.template`) and tokenise it, marked tokens as plain text.
+
+The processor then runs the token ids and the items through its pipeline, as for ``process``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmproc.chat.control_tokens import control_token_pattern, encode_chat, mark_control_tokens
+from mmproc.chat.messages import ChatMessage, ParsedChat, _Media, parse_messages
+from mmproc.chat.template import content_format, find_chat_template, render_chat
+from mmproc.errors import ChatRequestError
+
+__all__ = ["ChatOptions", "ChatRenderer", "RenderedChat"]
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How one chat request is rendered (the keyword arguments of ``process_chat``).
+
+    ``add_generation_prompt``
+        end with the opening of the assistant's reply (default True).
+    ``continue_final_message``
+        leave the last message open, for the model to continue it.
+    ``chat_template``
+        a template (or the name of one of the folder's named templates) instead of the
+        folder's.
+    ``chat_template_kwargs``
+        further variables for the template (``enable_thinking``, ...).
+    ``tools`` / ``documents``
+        OpenAI-style tool definitions, and documents, for templates that take them.
+    ``keep_control_tokens``
+        let control tokens typed in the messages act as control tokens: for trusted callers
+        that write placeholders or special tokens into their text on purpose.
+    """
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    tools: Sequence[Mapping[str, Any]] | None = None
+    documents: Sequence[Mapping[str, Any]] | None = None
+    keep_control_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("add_generation_prompt", "continue_final_message", "keep_control_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ChatRequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.chat_template_kwargs, Mapping):
+            raise ChatRequestError(
+                f"chat_template_kwargs must be a mapping, got {type(self.chat_template_kwargs)}"
+            )
+        for name in ("tools", "documents"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, str | bytes)
+                or not isinstance(value, Sequence)
+                or not all(isinstance(entry, Mapping) for entry in value)
+            ):
+                raise ChatRequestError(f"{name} must be a list of mappings, got {value!r:.64}")
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedChat:
+    """A rendered chat request: the prompt's token ids, and its media as ``process`` takes
+    them."""
+
+    prompt_token_ids: list[int]
+    chat: ParsedChat
+
+    @property
+    def mm_data(self) -> dict[str, list[Any]]:
+        return self.chat.mm_data()
+
+    @property
+    def mm_uuids(self) -> dict[str, list[str | None]] | None:
+        return self.chat.mm_uuids()
+
+
+class ChatRenderer:
+    """Renders chat requests for one model.
+
+    Args:
+        processor: The HF processor (its chat template, its tokenizer's special tokens).
+        tokenizer: The processor's tokenizer, whose control tokens are read here (rendering
+            tokenises with the copy :meth:`render` is given).
+        placeholders: Modality -> the text standing for one item (the model's
+            ``get_placeholder_text``), for the modalities the model takes.
+        model: How to name the model in messages.
+        max_items: The most items of a modality one request may have.
+    """
+
+    def __init__(
+        self,
+        processor: Any,
+        tokenizer: Any,
+        placeholders: Mapping[str, str],
+        *,
+        model: str,
+        max_items: Mapping[str, int] | None = None,
+    ) -> None:
+        self._processor = processor
+        self._tokenizer = tokenizer
+        self._placeholders = dict(placeholders)
+        self._model = model
+        self._max_items = dict(max_items or {})
+        self._special_tokens = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
+        self._pattern = functools.lru_cache(maxsize=16)(self._control_tokens)
+
+    def _control_tokens(self, template: str) -> re.Pattern[str]:
+        return control_token_pattern(self._tokenizer, template, tuple(self._placeholders.values()))
+
+    def render(self, messages: Any, options: ChatOptions, tokenizer: Any) -> RenderedChat:
+        """Check, render and tokenise ``messages`` with ``tokenizer`` (a copy no other thread
+        uses meanwhile).
+
+        Raises:
+            ChatRequestError: naming the message and the part at fault (a
+                :class:`~mmproc.errors.ChatTemplateError` when the template fails).
+        """
+        chat = parse_messages(
+            messages, modalities=self._placeholders, model=self._model, max_items=self._max_items
+        )
+        template = find_chat_template(
+            self._processor,
+            self._tokenizer,
+            options.chat_template,
+            with_tools=bool(options.tools),
+        )
+        as_parts = content_format(template) == "openai"  # (parses it: a bad template fails here)
+        mark = not options.keep_control_tokens
+        pattern = self._pattern(template) if mark else None
+
+        def user(obj: Any) -> Any:
+            return mark_control_tokens(obj, pattern) if pattern is not None else obj
+
+        conversation = [self._message(message, as_parts, user) for message in chat.messages]
+        rendered = render_chat(
+            template,
+            conversation,
+            special_tokens=self._special_tokens,
+            add_generation_prompt=options.add_generation_prompt,
+            continue_final_message=options.continue_final_message,
+            tools=user(options.tools),
+            documents=user(options.documents),
+            template_kwargs=user(dict(options.chat_template_kwargs)),
+        )
+        try:
+            ids = encode_chat(tokenizer, rendered, marked=mark)
+        except ValueError as exc:  # a control token the tokenizer makes from its own text
+            raise ChatRequestError(f"the messages' text cannot be kept as text: {exc}") from exc
+        return RenderedChat(ids, chat)
+
+    def _message(self, message: ChatMessage, as_parts: bool, user: Any) -> dict[str, Any]:
+        """The message as the template gets it."""
+        out: dict[str, Any] = user(message.fields)
+        if message.segments is None:
+            return out
+        if message.content_was_string:
+            out["content"] = user(message.segments[0])
+        elif as_parts:
+            out["content"] = [
+                {"type": seg.modality}
+                if isinstance(seg, _Media)
+                else {"type": "text", "text": user(seg)}
+                for seg in message.segments
+            ]
+        else:
+            # A "string" template: each media part's placeholder text where the part was, the
+            # parts joined by newlines (the placeholders are the model's, so never marked).
+            out["content"] = "\n".join(
+                self._placeholders[seg.modality] if isinstance(seg, _Media) else user(seg)
+                for seg in message.segments
+            )
+        return out
