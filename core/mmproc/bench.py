@@ -35,7 +35,7 @@ from typing import Any
 
 from mmproc.demo_models import add_model_arguments, describe_demo_models, open_model
 
-__all__ = ["add_arguments", "run_bench"]
+__all__ = ["add_arguments", "parse_option", "run_bench"]
 
 _DISTINCT_ITEMS = 8  # the requests cycle over this many items (the cache is off anyway)
 # Options the benchmark decides itself, and why (or how to steer them instead).
@@ -66,9 +66,9 @@ def _positive(text: str) -> int:
     return value
 
 
-def _option(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE``: the value as JSON when it parses (``4``, ``false``, ``{"a": 1}``), else the
-    plain string."""
+def parse_option(text: str) -> tuple[str, Any]:
+    """``--option KEY=VALUE`` (of ``mmproc bench`` and ``mmproc which --check``): the value as
+    JSON when it parses (``4``, ``false``, ``{"a": 1}``), else the plain string."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"option must be KEY=VALUE, got {text!r}")
@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--option",
-        type=_option,
+        type=parse_option,
         action="append",
         default=[],
         metavar="KEY=VALUE",
