@@ -23,13 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from mmproc.fused_norm import (
-    ChannelLayout,
-    FusedInputNorm,
-    NormSpec,
-    raw_pixel_kwargs,
-    to_uint8_pixels,
-)
+from mmproc.fused_norm import FusedInputNorm, raw_pixel_kwargs, to_uint8_pixels
+from mmproc.norm_spec import ChannelLayout, NormSpec
 from PIL import Image
 from transformers.image_utils import PILImageResampling
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil

@@ -2,7 +2,7 @@
 plus resampling.
 
 Run: ``.venv/bin/python benchmarks/media.py``. Prints two Markdown tables. The files are made here
-with PyAV / soundfile (mmproc.media.samples): a 1280x720, 30 fps H.264 mp4 of moving shapes over
+with PyAV / soundfile (mmproc.testing.samples): a 1280x720, 30 fps H.264 mp4 of moving shapes over
 a gradient with a little noise, once with x264's default keyframe interval (250 frames) and once
 with a keyframe every second (as streaming encoders set it); and a minute of 44.1 kHz stereo as
 WAV, FLAC and MP3. Times are the best of ``--repeat`` runs, per second of video or minute of audio.
@@ -23,7 +23,7 @@ import av
 import numpy as np
 from mmproc.inputs import parse_mm_data
 from mmproc.media import AudioFormat, MediaLimits, MediaOptions, VideoSampling
-from mmproc.media.samples import encode_audio, encode_video
+from mmproc.testing.samples import encode_audio, encode_video
 
 WIDTH, HEIGHT, FPS = 1280, 720, 30
 NO_LIMITS = MediaLimits(

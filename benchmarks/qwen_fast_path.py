@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmproc.fused_norm import ChannelLayout, FusedInputNorm, NormSpec
+from mmproc.fused_norm import FusedInputNorm
+from mmproc.norm_spec import ChannelLayout, NormSpec
 from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 from mmproc_qwen_vl.image_fast_path import patch_settings_from_processor, patchify_uint8
 from mmproc_qwen_vl.torch_fast_path import patchify_uint8_torch, torch_patch_settings

@@ -51,7 +51,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmproc.executor import ProcessorPool, fast_processor_kwargs, intra_op_threads_for
+from mmproc.executor import ProcessorPool, intra_op_threads_for
+from mmproc.worker_count import fast_processor_kwargs
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 from mmproc.fields import BatchedField, FlatField
-from mmproc.fused_norm import ChannelLayout, NormSpec
+from mmproc.norm_spec import ChannelLayout, NormSpec
 from mmproc.processor import MultiModalFeature, ProcessedInputs
 from mmproc.prompt_update import PlaceholderRange
 from mmproc.testing.conformance import assert_matches_hf, token_runs

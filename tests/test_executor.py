@@ -16,12 +16,8 @@ import weakref
 import _qwen_processor as qwen
 import pytest
 from mmproc.errors import ConfigurationError
-from mmproc.executor import (
-    IO_WORKERS_ENV,
-    ProcessorPool,
-    create_io_pool,
-    intra_op_threads_for,
-)
+from mmproc.executor import ProcessorPool, create_io_pool, intra_op_threads_for
+from mmproc.worker_count import IO_WORKERS_ENV
 
 TIMEOUT = 30  # seconds a barrier or event may wait before the test is declared hung
 

@@ -12,15 +12,8 @@ import pytest
 import torch
 from mmproc import fused_norm
 from mmproc.errors import ConfigurationError, DecodeError
-from mmproc.fused_norm import (
-    MAX_AXIS_LENGTH,
-    MAX_CHANNELS,
-    ChannelLayout,
-    FusedInputNorm,
-    NormSpec,
-    raw_pixel_kwargs,
-    to_uint8_pixels,
-)
+from mmproc.fused_norm import FusedInputNorm, raw_pixel_kwargs, to_uint8_pixels
+from mmproc.norm_spec import MAX_AXIS_LENGTH, MAX_CHANNELS, ChannelLayout, NormSpec
 from PIL import Image
 from transformers.image_utils import PILImageResampling
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil

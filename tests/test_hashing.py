@@ -14,7 +14,7 @@ import torch
 import xxhash
 from mmproc import hashing
 from mmproc.hashing import HASH_ALGORITHMS, hash_context, hash_encoded, hash_item, item_key
-from mmproc.inputs import AudioItem, VideoItem, VideoMetadata
+from mmproc.media.items import AudioItem, VideoItem, VideoMetadata
 from PIL import Image
 
 

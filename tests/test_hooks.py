@@ -28,8 +28,8 @@ from mmproc.errors import (
 )
 from mmproc.factory import get_processor
 from mmproc.fields import FlatField
-from mmproc.fused_norm import ChannelLayout, NormSpec
 from mmproc.media import AudioFormat, MediaFormat, VideoSampling
+from mmproc.norm_spec import ChannelLayout, NormSpec
 from mmproc.registry import PluginStatus, Registry
 from PIL import Image
 
@@ -97,7 +97,7 @@ def test_read_json_object_gives_a_folders_settings_and_names_a_file_it_cannot_us
     tmp_path: Path,
 ) -> None:
     from mmproc.context import ModelContext
-    from mmproc.defaults import read_json_object
+    from mmproc.model_folder import read_json_object
 
     ctx = ModelContext("SomeArch", tmp_path, plugin="some")
     (tmp_path / "preprocessor_config.json").write_text('{"patch_size": 14}')
@@ -321,7 +321,7 @@ class NoCopies(Tiny):
 def test_hook_supports_concurrency_false_gets_one_worker(
     build, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="mmproc.executor"):
+    with caplog.at_level(logging.WARNING, logger="mmproc"):
         processor = build(NoCopies, workers=4)
     assert processor.workers == 1
     assert "does not support concurrent preprocessing" in caplog.text

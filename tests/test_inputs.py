@@ -15,7 +15,8 @@ import pytest
 import torch
 from mmproc.errors import ConfigurationError, MediaItemError
 from mmproc.hashing import hash_item
-from mmproc.inputs import AudioItem, VideoItem, parse_mm_data, read_mm_data
+from mmproc.inputs import parse_mm_data, read_mm_data
+from mmproc.media.items import AudioItem, VideoItem
 from PIL import Image
 
 
@@ -504,21 +505,22 @@ def test_read_items_say_which_were_given_encoded_and_decode_only_those_asked_for
     png = _encode(arr)
     with read_mm_data({"image": [Image.fromarray(arr), png, _data_url(png)]}) as read:
         assert read.counts == {"image": 3}
-        assert read.sources() == {"image": [None, png, png]}
-        first = read.decode(lambda modality, index: index != 2)["image"]
-        assert first[2] is None
-        assert np.array_equal(np.asarray(first[1]), arr)
-        every = read.decode()["image"]
-        assert every[1] is first[1]  # decoded once
+        assert read.refs() == [("image", 0), ("image", 1), ("image", 2)]
+        assert [read.source(ref) for ref in read.refs()] == [None, png, png]
+        first = read.decode([("image", 0), ("image", 1)])
+        assert set(first) == {("image", 0), ("image", 1)}
+        assert np.array_equal(np.asarray(first["image", 1]), arr)
+        every = read.decode_all()["image"]
+        assert every[1] is first["image", 1]  # decoded once
         assert np.array_equal(np.asarray(every[2]), arr)
 
 
 def test_an_item_that_fails_to_decode_is_named_when_it_is_decoded() -> None:
     truncated = _encode(_rgb(seed=6))[:300]
     with read_mm_data({"image": [_rgb(), truncated]}) as read:  # the header reads fine
-        read.decode(lambda modality, index: index == 0)
+        read.decode([("image", 0)])
         with pytest.raises(MediaItemError, match="image item 1: corrupt or truncated PNG"):
-            read.decode()
+            read.decode_all()
 
 
 def test_read_items_refuse_to_decode_once_closed(tmp_path: Path) -> None:
@@ -527,9 +529,9 @@ def test_read_items_refuse_to_decode_once_closed(tmp_path: Path) -> None:
     path = tmp_path / "clip.wav"
     soundfile.write(path, np.zeros(800, np.float32), 8000)
     with read_mm_data({"audio": [str(path)]}) as read:
-        assert read.sources()["audio"] == [path.read_bytes()]
+        assert read.source(("audio", 0)) == path.read_bytes()
     with pytest.raises(RuntimeError, match="closed"):
-        read.decode()
+        read.decode_all()
 
 
 def test_the_request_size_limit_counts_encoded_items_once_they_are_to_be_decoded() -> None:
@@ -540,16 +542,16 @@ def test_the_request_size_limit_counts_encoded_items_once_they_are_to_be_decoded
     mm_data = {"image": [arr, _encode(arr), _encode(arr, "BMP")]}
     # An encoded item the cache answers is never decoded, so it weighs nothing.
     with read_mm_data(mm_data, media=media) as read:
-        assert read.decode(lambda modality, index: index < 2)["image"][2] is None
+        assert len(read.decode([("image", 0), ("image", 1)])) == 2
         with pytest.raises(MediaItemError, match=r"image item 2: .*max_request_decoded_bytes"):
-            read.decode()
+            read.decode_all()
     err = _error(mm_data, media=media)
     assert (err.index, "max_request_decoded_bytes" in err.reason) == (2, True)
 
 
 def test_a_bad_header_is_found_only_when_its_item_is_to_be_decoded() -> None:
     with read_mm_data({"image": [_rgb(), b"not an image at all"]}) as read:
-        assert read.sources()["image"][1] == b"not an image at all"
-        read.decode(lambda modality, index: index == 0)
-        with pytest.raises(MediaItemError, match="image item 1: cannot identify image data"):
-            read.decode()
+        assert read.source(("image", 1)) == b"not an image at all"
+        read.decode([("image", 0)])
+        with pytest.raises(MediaItemError, match="image item 1: cannot identify the image data"):
+            read.decode_all()

@@ -14,9 +14,10 @@ import pytest
 import soundfile
 from mmproc.errors import MediaItemError
 from mmproc.hashing import hash_item
-from mmproc.inputs import AudioItem, parse_mm_data
+from mmproc.inputs import parse_mm_data
 from mmproc.media import AudioFormat, MediaLimits, MediaOptions
-from mmproc.media.samples import encode_audio, encode_video, numbered_frames, tone
+from mmproc.media.items import AudioItem
+from mmproc.testing.samples import encode_audio, encode_video, numbered_frames, tone
 
 LOSSLESS = ["wav", "flac"]
 LOSSY = ["ogg", "mp3", "m4a", "aac", "webm"]
@@ -197,15 +198,38 @@ def test_a_file_that_understates_its_length_is_cut_while_decoding() -> None:
     )
 
 
-def test_the_request_decoded_bytes_limit_counts_converted_audio() -> None:
-    # One second at 16 kHz mono is 64,000 bytes of float32, whatever the file held.
+def test_the_request_decoded_bytes_limit_counts_a_file_as_decoded_and_as_converted() -> None:
+    # One second of 44.1 kHz stereo decodes to 352,800 bytes of float32 and becomes 64,000 at
+    # 16 kHz mono: both exist at once while it is converted.
     wav = encode_audio(tone(1.0, 44100, 2), 44100, "wav")
     options = MediaOptions(
         audio=AudioFormat(16000, mono=True),
-        limits=MediaLimits(max_request_decoded_bytes=100_000),
+        limits=MediaLimits(max_request_decoded_bytes=500_000),
     )
     assert _audio(wav, options).waveform.nbytes == 64_000
     with pytest.raises(MediaItemError) as info:
         parse_mm_data({"audio": [wav, wav]}, media=options)
     assert (info.value.modality, info.value.index) == ("audio", 1)
+    assert "416,800 decoded bytes" in info.value.reason
     assert "(MediaLimits.max_request_decoded_bytes)" in info.value.reason
+
+
+def test_a_small_file_of_many_channels_at_a_high_rate_is_refused_by_what_it_decodes_to() -> None:
+    # 8 channels at 96 kHz for 20 s: a small FLAC of silence, 61 MB of samples once decoded,
+    # 1.3 MB once downmixed to 16 kHz mono: the limit must see the 61 MB before decoding.
+    flac = encode_audio(np.zeros((8, 96_000 * 20), np.float32), 96_000, "flac")
+    assert len(flac) < 200_000
+    options = MediaOptions(
+        audio=AudioFormat(16000, mono=True),
+        limits=MediaLimits(max_request_decoded_bytes=16 << 20),
+    )
+    err = _refused(flac, options)
+    assert "62,720,000 decoded bytes" in err.reason  # 61,440,000 as decoded, 1,280,000 converted
+
+
+def test_non_finite_samples_in_an_audio_file_are_refused_as_in_a_waveform() -> None:
+    samples = tone(0.5, 16000)
+    samples[100] = np.nan
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, 16000, format="WAV", subtype="FLOAT")
+    assert "NaN or infinite" in _refused(buffer.getvalue()).reason

@@ -19,7 +19,7 @@ from mmproc.hashing import hash_item
 from mmproc.inputs import parse_mm_data
 from mmproc.media import MediaLimits, MediaOptions, RemoteMedia
 from mmproc.media.fetch import address_is_public, host_is_allowed
-from mmproc.media.samples import encode_audio, encode_video, numbered_frames, tone
+from mmproc.testing.samples import encode_audio, encode_video, numbered_frames, tone
 from PIL import Image
 
 MEDIA: dict[str, bytes] = {}

@@ -1,7 +1,7 @@
 """mmproc.media.video: video files decoded with PyAV, sampled in time, only the needed frames
 decoded; every bad file a MediaItemError, after which a good one still parses.
 
-The clips are made here with PyAV (mmproc.media.samples): 64x48, frame i a flat grey level that
+The clips are made here with PyAV (mmproc.testing.samples): 64x48, frame i a flat grey level that
 says i, so each test can tell which source frames were sampled.
 """
 
@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from mmproc.errors import MediaItemError
 from mmproc.hashing import hash_item
-from mmproc.inputs import VideoItem, VideoMetadata, parse_mm_data
+from mmproc.inputs import parse_mm_data
 from mmproc.media import MediaLimits, MediaOptions, VideoSampling
-from mmproc.media.samples import encode_audio, encode_video, frame_number, numbered_frames, tone
+from mmproc.media.items import VideoItem, VideoMetadata
+from mmproc.testing.samples import encode_audio, encode_video, frame_number, numbered_frames, tone
 from PIL import Image
 
 CODECS = [

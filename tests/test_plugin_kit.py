@@ -74,8 +74,8 @@ FLAWS = {
     "kit_heavy": (
         (
             "plugin.py",
-            "from mmproc import hookimpl",
-            "import torch  # noqa: F401\nfrom mmproc import hookimpl",
+            "from mmproc.plugin import hookimpl",
+            "import torch  # noqa: F401\nfrom mmproc.plugin import hookimpl",
         ),
         "test_the_entry_point_module_imports_nothing_heavy",
         "imports torch",

@@ -32,7 +32,8 @@ from mmproc.errors import (
 )
 from mmproc.factory import get_processor
 from mmproc.fields import FlatField
-from mmproc.fused_norm import ChannelLayout, FusedInputNorm, NormSpec
+from mmproc.fused_norm import FusedInputNorm
+from mmproc.norm_spec import ChannelLayout, NormSpec
 from mmproc.prompt_update import PlaceholderRange
 from mmproc.registry import Registry
 from PIL import Image
@@ -493,23 +494,24 @@ def test_many_async_requests_with_encoded_images_never_deadlock(folder, registry
 
 
 def recording_decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """What happens to encoded images from here on, in order: ``"parse"`` for each header parsed,
-    ``"decode WxH"`` for each image decoded."""
-    import mmproc.inputs as inputs
+    """What Pillow does to encoded images from here on, in order: ``"parse"`` for each header
+    parsed, ``"decode WxH"`` for each image decoded."""
+    from PIL import ImageFile
 
     events: list[str] = []
-    parse, load = inputs._open, inputs._load_opened
+    parse, load = Image.open, ImageFile.ImageFile.load
 
-    def parsing(*args: Any) -> Any:
+    def parsing(*args: Any, **kwargs: Any) -> Any:
         events.append("parse")
-        return parse(*args)
+        return parse(*args, **kwargs)
 
-    def loading(opened: Image.Image) -> Image.Image:
-        events.append("decode {}x{}".format(*opened.size))
+    def loading(opened: ImageFile.ImageFile) -> Any:
+        if opened.tile:  # decoded now, not already
+            events.append("decode {}x{}".format(*opened.size))
         return load(opened)
 
-    monkeypatch.setattr(inputs, "_open", parsing)
-    monkeypatch.setattr(inputs, "_load_opened", loading)
+    monkeypatch.setattr(Image, "open", parsing)
+    monkeypatch.setattr(ImageFile.ImageFile, "load", loading)
     return events
 
 

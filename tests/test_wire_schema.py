@@ -376,7 +376,7 @@ def test_importing_mmproc_does_not_import_the_wire_stack() -> None:
 
 
 def test_a_norm_spec_travels_and_comes_back() -> None:
-    from mmproc.fused_norm import ChannelLayout, NormSpec
+    from mmproc.norm_spec import ChannelLayout, NormSpec
 
     spec = NormSpec(
         mean=(0.5, 0.4, 0.3),

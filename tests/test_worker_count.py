@@ -8,7 +8,7 @@ import types
 import _qwen_processor as qwen
 import pytest
 from mmproc.errors import ConfigurationError
-from mmproc.executor import (
+from mmproc.worker_count import (
     DEFAULT_IO_WORKERS,
     IO_WORKERS_ENV,
     WORKERS_ENV,
@@ -130,13 +130,13 @@ def test_device_path_defaults_to_one_worker():
 
 
 def test_device_path_caps_a_count_the_model_declared(caplog):
-    with caplog.at_level(logging.INFO, logger="mmproc.executor"):
+    with caplog.at_level(logging.INFO, logger="mmproc"):
         assert resolve(path=DEVICE, hint=2) == 1
     assert "capped to 1" in caplog.text
 
 
 def test_explicit_request_overrides_the_device_cap(caplog):
-    with caplog.at_level(logging.WARNING, logger="mmproc.executor"):
+    with caplog.at_level(logging.WARNING, logger="mmproc"):
         assert resolve(path=DEVICE, hint=1, requested=2) == 2
     # Honoured, but the user is told what the device path measured.
     [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -144,14 +144,14 @@ def test_explicit_request_overrides_the_device_cap(caplog):
 
 
 def test_explicit_request_overrides_the_cpu_default_and_hint(caplog):
-    with caplog.at_level(logging.WARNING, logger="mmproc.executor"):
+    with caplog.at_level(logging.WARNING, logger="mmproc"):
         assert resolve(path=CPU, hint=3, requested=1) == 1
         assert resolve(path=CPU, requested=5) == 5
     assert not caplog.records
 
 
 def test_opt_out_gets_one_worker_whatever_was_asked_with_a_warning_naming_the_model(caplog):
-    with caplog.at_level(logging.WARNING, logger="mmproc.executor"):
+    with caplog.at_level(logging.WARNING, logger="mmproc"):
         assert resolve(supports_concurrency=False, requested=4) == 1
     [record] = caplog.records
     assert record.levelno == logging.WARNING
@@ -160,13 +160,13 @@ def test_opt_out_gets_one_worker_whatever_was_asked_with_a_warning_naming_the_mo
 
 
 def test_opt_out_warns_when_it_takes_the_cpu_default_away(caplog):
-    with caplog.at_level(logging.WARNING, logger="mmproc.executor"):
+    with caplog.at_level(logging.WARNING, logger="mmproc"):
         assert resolve(supports_concurrency=False, path=CPU, hint=3) == 1
     assert "Qwen2VLForConditionalGeneration" in caplog.text
 
 
 def test_opt_out_on_the_device_path_has_nothing_to_warn_about(caplog):
-    with caplog.at_level(logging.WARNING, logger="mmproc.executor"):
+    with caplog.at_level(logging.WARNING, logger="mmproc"):
         assert resolve(supports_concurrency=False, path=DEVICE) == 1
     assert not caplog.records
 

@@ -26,7 +26,7 @@ _LAZY: dict[str, str] = {
     "MmprocError": "mmproc.errors",
     "ModelContext": "mmproc.context",
     "MultiModalFeature": "mmproc.processor",
-    "NormSpec": "mmproc.fused_norm",
+    "NormSpec": "mmproc.norm_spec",
     "PlaceholderRange": "mmproc.prompt_update",
     "PluginConflictError": "mmproc.errors",
     "ProcessedInputs": "mmproc.processor",
@@ -89,8 +89,9 @@ if TYPE_CHECKING:
         UnknownArchitectureError,
     )
     from mmproc.factory import get_processor
-    from mmproc.fused_norm import FusedInputNorm, NormSpec
+    from mmproc.fused_norm import FusedInputNorm
     from mmproc.hookspecs import hookimpl
+    from mmproc.norm_spec import NormSpec
     from mmproc.options import ProcessorOptions
     from mmproc.processor import MultiModalFeature, ProcessedInputs, Processor
     from mmproc.prompt_update import PlaceholderRange

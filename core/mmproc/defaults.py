@@ -7,104 +7,15 @@ A model implements only what differs from these. Hooks with no sensible default
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any
 
 from mmproc.context import ModelContext, ProcessingMode
 from mmproc.errors import ProcessorLoadError
 from mmproc.hookspecs import hookimpl
+from mmproc.model_folder import HF_MODALITY_KWARGS, hf_video_kwargs
 
-__all__ = [
-    "HF_MODALITY_KWARGS",
-    "DefaultModel",
-    "read_chat_template",
-    "read_json_object",
-    "video_kwargs",
-]
-
-#: The keyword an HF processor takes each modality's items under.
-HF_MODALITY_KWARGS: Mapping[str, str] = {"image": "images", "video": "videos", "audio": "audio"}
-
-
-@overload
-def read_json_object(
-    ctx: ModelContext, name: str, *, required: Literal[True] = True
-) -> dict[str, Any]: ...
-@overload
-def read_json_object(ctx: ModelContext, name: str, *, required: bool) -> dict[str, Any] | None: ...
-def read_json_object(
-    ctx: ModelContext, name: str, *, required: bool = True
-) -> dict[str, Any] | None:
-    """The JSON object in the model folder's file ``name`` (``preprocessor_config.json``, ...).
-
-    For plugins that read a folder's settings themselves. A file that is missing (when
-    ``required``; else ``None`` comes back), unreadable, not JSON or not an object is a
-    :class:`~mmproc.errors.ProcessorLoadError` naming the model, the plugin and the file.
-    """
-    folder = ctx.require_model_path()
-    path = folder / name
-    where = f"{ctx.architecture} (plugin {ctx.plugin!r})"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        if not required:
-            return None
-        raise ProcessorLoadError(f"{where}: {folder} has no {name}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProcessorLoadError(f"{where}: cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ProcessorLoadError(f"{where}: {path} must hold a JSON object")
-    return data
-
-
-def read_chat_template(folder: Path) -> str | None:
-    """The chat template a model folder stores (``chat_template.jinja`` or ``.json``), if any.
-
-    For plugins that assemble a processor from its parts: transformers' tokenizer does not read
-    ``chat_template.json``, only its processor classes do.
-    """
-    jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    as_json = folder / "chat_template.json"
-    if as_json.is_file():
-        try:
-            template = json.loads(as_json.read_text(encoding="utf-8")).get("chat_template")
-        except (json.JSONDecodeError, AttributeError) as exc:
-            raise ProcessorLoadError(f"{as_json} is not a JSON object: {exc}") from exc
-        return template if isinstance(template, str) else None
-    return None
-
-
-def video_kwargs(videos: Sequence[Any]) -> dict[str, Any]:
-    """The HF processor keywords for video items (:class:`mmproc.inputs.VideoItem`).
-
-    ``videos``: the frames. When some video came from a file, also ``video_metadata`` (what
-    transformers' video processors read: source fps, frame count, the sampled frames' indices,
-    from which e.g. Qwen2.5-VL's ``second_per_grid_ts`` comes) and ``do_sample_frames=False``:
-    mmproc sampled the frames already. Frames given decoded get the metadata transformers itself
-    assumes for them.
-    """
-    kwargs: dict[str, Any] = {"videos": [video.frames for video in videos]}
-    if any(video.metadata is not None for video in videos):
-        kwargs["video_metadata"] = [
-            video.metadata.to_transformers()
-            if video.metadata is not None
-            else {
-                "total_num_frames": len(video.frames),
-                "fps": None,
-                "duration": None,
-                "frames_indices": list(range(len(video.frames))),
-                "height": video.frames.shape[1],
-                "width": video.frames.shape[2],
-            }
-            for video in videos
-        ]
-        kwargs["do_sample_frames"] = False
-    return kwargs
-
+__all__ = ["DefaultModel"]
 
 # Processor classes that refused media without text (learned on the first refusal): they get
 # the dummy text. A set of types: adding is atomic, so worker threads may learn at once.
@@ -172,7 +83,7 @@ class DefaultModel:
                 if len(rates) == 1:
                     kwargs.setdefault("sampling_rate", rates.pop())
             elif modality == "video":
-                kwargs.update(video_kwargs(items))
+                kwargs.update(hf_video_kwargs(items))
             else:
                 kwargs[HF_MODALITY_KWARGS.get(modality, modality)] = list(items)
         kwargs.update(hf_kwargs)

@@ -1,6 +1,6 @@
 """A processor's device normalisation: which requests get raw uint8 pixels, and keeping it honest.
 
-With a plugin's :class:`~mmproc.fused_norm.NormSpec` and ``device_normalize`` on, a request's
+With a plugin's :class:`~mmproc.norm_spec.NormSpec` and ``device_normalize`` on, a request's
 pixels come out of the HF processor raw (rescale and normalise off), are checked to be whole
 numbers in [0, 255] and travel as uint8; each feature then carries the spec the engine applies.
 A plugin whose pixels are not raw after all (a processor that ignores the switches) turns device
@@ -19,12 +19,12 @@ from mmproc.context import ModelContext
 from mmproc.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from mmproc.fused_norm import NormSpec
     from mmproc.model_hooks import ModelHooks
+    from mmproc.norm_spec import NormSpec
 
 __all__ = ["RAW_PIXEL_KEYS", "DeviceNormalization"]
 
-logger = logging.getLogger("mmproc.processor")
+logger = logging.getLogger(__name__)
 
 RAW_PIXEL_KEYS = frozenset({"do_rescale", "do_normalize"})
 """``hf_kwargs`` a caller may pass that decide themselves whether pixels come out raw."""

@@ -22,7 +22,8 @@ from typing import Any, Final, NamedTuple
 import torch
 
 from mmproc.errors import ConfigurationError, DecodeError
-from mmproc.fused_norm import FusedInputNorm, NormSpec
+from mmproc.fused_norm import FusedInputNorm
+from mmproc.norm_spec import NormSpec
 
 __all__ = [
     "DEFAULT_PIXEL_KEYS",
@@ -41,7 +42,7 @@ DEFAULT_PIXEL_KEYS: tuple[str, ...] = ("pixel_values", "pixel_values_videos")
 NORM_CACHE_BYTES: Final = 32 << 20
 """Most bytes of buffers (on every device together) the cached norm modules may hold: least
 recently used modules are dropped beyond it. A spec's buffers take at most 8 MiB
-(:data:`mmproc.fused_norm.MAX_AXIS_LENGTH`); a real model's, a few KiB."""
+(:data:`mmproc.norm_spec.MAX_AXIS_LENGTH`); a real model's, a few KiB."""
 
 NORM_CACHE_ENTRIES: Final = 64
 """Most norm modules cached, whatever their size."""

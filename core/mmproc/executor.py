@@ -1,10 +1,10 @@
 """The worker pool: preprocessing on threads that each own a deep copy of the HF processor.
 
 Worker count
-    :func:`resolve_worker_count` and :func:`preprocessing_path` (from :mod:`mmproc.worker_count`,
-    re-exported here) decide how many workers a model gets: 2 on the CPU path, 1 when a fast
-    image processor runs on the serving device, an explicit request over both, 1 for a model that
-    opts out of concurrency.
+    :func:`mmproc.worker_count.resolve_worker_count` and
+    :func:`~mmproc.worker_count.preprocessing_path` decide how many workers a model gets: 2 on
+    the CPU path, 1 when a fast image processor runs on the serving device, an explicit request
+    over both, 1 for a model that opts out of concurrency.
 
 Clones
     Each worker thread deep-copies the processor on its first task, one clone at a time under a
@@ -86,35 +86,14 @@ from typing import Any, Literal, TypeVar
 
 from mmproc.errors import ConfigurationError
 from mmproc.worker_count import (
-    DEFAULT_CPU_WORKERS,
-    DEFAULT_IO_WORKERS,
     IO_WORKERS_ENV,
-    WORKERS_ENV,
-    PreprocessingPath,
-    fast_processor_kwargs,
-    preprocessing_path,
     requested_worker_count,
     resolve_io_worker_count,
-    resolve_worker_count,
 )
 
-__all__ = [
-    "DEFAULT_CPU_WORKERS",
-    "DEFAULT_IO_WORKERS",
-    "IO_WORKERS_ENV",
-    "WORKERS_ENV",
-    "PreprocessingPath",
-    "ProcessorPool",
-    "create_io_pool",
-    "fast_processor_kwargs",
-    "intra_op_threads_for",
-    "preprocessing_path",
-    "requested_worker_count",
-    "resolve_io_worker_count",
-    "resolve_worker_count",
-]
+__all__ = ["ProcessorPool", "create_io_pool", "intra_op_threads_for"]
 
-logger = logging.getLogger("mmproc.executor")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -57,7 +57,7 @@ import xxhash
 from PIL import Image
 
 from mmproc._torch import is_torch_tensor
-from mmproc.inputs import AudioItem, VideoItem, VideoMetadata
+from mmproc.media.items import AudioItem, VideoItem, VideoMetadata
 
 __all__ = [
     "DEFAULT_HASH_ALGORITHM",

@@ -47,11 +47,11 @@ import pluggy
 
 if TYPE_CHECKING:
     from mmproc.context import ModelContext, ProcessingMode
-    from mmproc.executor import PreprocessingPath
     from mmproc.fields import FieldSpec
-    from mmproc.fused_norm import NormSpec
     from mmproc.media import MediaFormat
+    from mmproc.norm_spec import NormSpec
     from mmproc.prompt_update import PlaceholderRange, PromptUpdate
+    from mmproc.worker_count import PreprocessingPath
 
 __all__ = [
     "MODEL_HOOK_NAMES",

@@ -22,12 +22,12 @@ from mmproc.hook_checks import did_you_mean, explain_validation_error, unmarked_
 from mmproc.hookspecs import MODEL_HOOK_NAMES, PROJECT_NAME, REQUIRED_MODEL_HOOKS, ModelSpec
 
 if TYPE_CHECKING:
-    from mmproc.executor import PreprocessingPath
     from mmproc.fields import FieldSpec
-    from mmproc.fused_norm import NormSpec
     from mmproc.media import MediaFormat
+    from mmproc.norm_spec import NormSpec
     from mmproc.prompt_update import PlaceholderRange, PromptUpdate
     from mmproc.registry import ModelReference
+    from mmproc.worker_count import PreprocessingPath
 
 __all__ = ["ModelHooks", "build_model_manager", "import_model_class", "load_model_hooks"]
 
@@ -314,7 +314,7 @@ class ModelHooks:
 
     def device_norm_spec(self, ctx: ModelContext, processor: Any) -> NormSpec | None:
         """The device-side normalisation the model supports, if any."""
-        from mmproc.fused_norm import NormSpec
+        from mmproc.norm_spec import NormSpec
 
         spec = self._call("device_norm_spec", PluginSpecError, ctx=ctx, processor=processor)
         if spec is None:

@@ -30,12 +30,22 @@ from mmproc.media import (
 
 __all__ = [
     "CORE_OPTION_NAMES",
+    "DEFAULT_MAX_PROMPT_CHARS",
+    "DEFAULT_MAX_PROMPT_TOKENS",
     "LOOKUP_OPTION_NAMES",
     "ProcessorOptions",
     "check_plugin_options",
 ]
 
 WarmUp = Literal["background"] | bool
+
+
+DEFAULT_MAX_PROMPT_CHARS = 1 << 22
+"""The longest text prompt by default (4 Mi characters, about a million tokens): tokenising it
+takes a few seconds of one thread, so a client cannot hold the processor much longer."""
+
+DEFAULT_MAX_PROMPT_TOKENS = 1 << 20
+"""The longest prompt by default, in tokens before expansion (beyond any model's context)."""
 
 
 def _count_or_none(name: str, value: Any) -> None:
@@ -82,6 +92,12 @@ class ProcessorOptions:
     ``video_sampling``
         a :class:`mmproc.media.VideoSampling` for video files, over the model's own (its plugin's
         ``media_format``) and the default 2 fps.
+    ``max_prompt_chars``
+        the longest text prompt, in characters, refused before it is tokenised (default
+        :data:`DEFAULT_MAX_PROMPT_CHARS`; ``None``: no limit).
+    ``max_prompt_tokens``
+        the longest prompt in tokens before its placeholders are expanded, text or token ids
+        (default :data:`DEFAULT_MAX_PROMPT_TOKENS`; ``None``: no limit).
     """
 
     workers: int | None = None
@@ -97,10 +113,14 @@ class ProcessorOptions:
     remote_media: RemoteMedia | None = None
     media_limits: MediaLimits | None = None
     video_sampling: VideoSampling | None = None
+    max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS
+    max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS
 
     def __post_init__(self) -> None:
         _count_or_none("workers", self.workers)
         _count_or_none("io_workers", self.io_workers)
+        _count_or_none("max_prompt_chars", self.max_prompt_chars)
+        _count_or_none("max_prompt_tokens", self.max_prompt_tokens)
         if self.device_normalize not in (None, True, False):
             raise ConfigurationError(
                 f"device_normalize must be True, False or None, got {self.device_normalize!r}"

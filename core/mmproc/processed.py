@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from mmproc.prompt_update import PlaceholderRange
 
 if TYPE_CHECKING:
-    from mmproc.fused_norm import NormSpec
+    from mmproc.norm_spec import NormSpec
     from mmproc.wire import EngineRequest
 
 __all__ = ["MultiModalFeature", "ProcessedInputs"]

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,18 +48,12 @@ from mmproc.errors import (
     ProcessingError,
     PromptUpdateError,
 )
-from mmproc.executor import (
-    ProcessorPool,
-    create_io_pool,
-    fast_processor_kwargs,
-    preprocessing_path,
-    requested_worker_count,
-    resolve_worker_count,
-)
+from mmproc.executor import ProcessorPool, create_io_pool
 from mmproc.fields import split_outputs
 from mmproc.inflight import InFlight
-from mmproc.inputs import MODALITIES, ReadMediaItems, read_mm_data
+from mmproc.inputs import ReadMediaItems, read_mm_data
 from mmproc.item_failures import ItemRef, locate_failing_item
+from mmproc.media.items import MODALITIES
 from mmproc.media.policy import MediaOptions
 from mmproc.placeholder_checks import (
     check_placeholder_count,
@@ -73,10 +67,19 @@ from mmproc.prompt_update import (
     resolve_prompt_updates,
 )
 from mmproc.stages import NO_CLOCK, StageClock, StageLog
+from mmproc.tokenizer_clones import TokenizerClones
+from mmproc.worker_count import (
+    IO_WORKERS_ENV,
+    fast_processor_kwargs,
+    preprocessing_path,
+    requested_worker_count,
+    resolve_io_worker_count,
+    resolve_worker_count,
+)
 
 if TYPE_CHECKING:
-    from mmproc.fused_norm import NormSpec
     from mmproc.model_hooks import ModelHooks
+    from mmproc.norm_spec import NormSpec
 
 __all__ = ["MultiModalFeature", "ProcessedInputs", "Processor", "tokenizer_of"]
 
@@ -88,14 +91,27 @@ def tokenizer_of(processor: Any) -> Any:
     return getattr(processor, "tokenizer", processor)
 
 
+_UNDECODED: Any = object()  # an item given encoded, or named by an id, not decoded (yet)
+
+
+@dataclass(slots=True)
+class _Item:
+    """One media item of a request, keyed."""
+
+    modality: str
+    index: int
+    key: str  # its cache key
+    hash: str  # what its feature's hash says
+    value: Any = _UNDECODED  # the item itself, once decoded (or given decoded)
+
+
 @dataclass
 class _Request:
-    """A request between its preparation and its processing."""
+    """A request between its preparation and its processing: its items, and which the cache
+    holds (``cached``); every other item is a miss."""
 
     prompt: str | list[int]
-    items: dict[str, list[Any]]
-    keys: dict[str, list[str]]  # cache key per item
-    hashes: dict[str, list[str]]  # what each feature's hash says
+    items: list[_Item]  # in the order of MODALITIES, then index
     cached: dict[str, CachedItem]  # the hits, by key
     user_kwargs: dict[str, Any]
     raw: bool  # pixels come out raw (rescale and normalise off) for device normalisation
@@ -107,31 +123,59 @@ class _Request:
 
     @property
     def mm_counts(self) -> dict[str, int]:
-        return {modality: len(items) for modality, items in self.items.items()}
+        counts: dict[str, int] = {}
+        for item in self.items:
+            counts[item.modality] = counts.get(item.modality, 0) + 1
+        return counts
 
-    def misses(self) -> list[str]:
-        """The keys of the items not in the cache, repeats kept (cache statistics count them)."""
-        return [key for keys in self.keys.values() for key in keys if key not in self.cached]
+    def misses(self) -> list[_Item]:
+        """The items the cache does not hold, repeats kept (cache statistics count them)."""
+        return [item for item in self.items if item.key not in self.cached]
 
-    def first_misses(self) -> dict[tuple[str, int], str]:
-        """(modality, index) -> key of the first item of each distinct key not in the cache (the
-        items `missing` gives)."""
-        return {
-            (modality, index): key
-            for modality, refs in self.missing().items()
-            for key, index, _ in refs
-        }
+    def miss_keys(self) -> list[str]:
+        return [item.key for item in self.misses()]
 
-    def missing(self) -> dict[str, list[tuple[str, int, Any]]]:
-        """Modality -> (key, index, item) of each distinct item not in the cache."""
-        result: dict[str, list[tuple[str, int, Any]]] = {}
-        for modality, items in self.items.items():
-            seen: set[str] = set()
-            for index, (key, item) in enumerate(zip(self.keys[modality], items)):
-                if key not in self.cached and key not in seen:
-                    seen.add(key)
-                    result.setdefault(modality, []).append((key, index, item))
-        return result
+    def to_compute(self) -> list[_Item]:
+        """The first item of each distinct key the cache does not hold: what the HF processor
+        gets."""
+        seen: set[str] = set()
+        first = []
+        for item in self.misses():
+            if item.key not in seen:
+                seen.add(item.key)
+                first.append(item)
+        return first
+
+    def keys_of(self, modality: str) -> list[str]:
+        return [item.key for item in self.items if item.modality == modality]
+
+
+@dataclass(frozen=True, slots=True)
+class _OffLoop:
+    """A step of work on the calling thread (sync) or the prepare pool (async)."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _WaitFor:
+    """A step that waits until no other request is computing ``keys``; gives whether it
+    waited."""
+
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _OnWorker:
+    """A step on a worker-pool thread, with that thread's processor clone."""
+
+    fn: Callable[..., ProcessedInputs]
+    request: _Request
+
+
+_Route = Generator[_OffLoop | _WaitFor | _OnWorker, Any, ProcessedInputs]
+"""A request's steps (:meth:`Processor._route`)."""
 
 
 class Processor:
@@ -164,19 +208,21 @@ class Processor:
         self.cache = ProcessorCache(options.cache_bytes)
         self._keys = CacheKeys(ctx, options.hash_algorithm, self._media)
         self._keys.context_digest({}, self.normalization.active)  # unkeyable options fail here
-        # Requests answered from the cache tokenise on the caller's thread, with the original
-        # processor's tokenizer (workers use their clones'), one at a time: a fast tokenizer
-        # keeps call settings on itself.
-        self._front_tokenizer = tokenizer_of(self.hf_processor)
-        self._front_lock = threading.Lock()
+        self._tokenizer = tokenizer_of(self.hf_processor)
         self._placeholder_ids = self._learn_placeholders()
         self._in_flight = InFlight()
         self._stage_log: StageLog | None = None
         self._thread_state = threading.local()  # .processing: inside this processor's worker call
-        self._io_pool = create_io_pool(options.io_workers)
+        io_workers = resolve_io_worker_count(
+            requested=requested_worker_count(options.io_workers, env=IO_WORKERS_ENV)
+        )
+        self._io_pool = create_io_pool(io_workers)
         # Async requests are prepared (parsed, hashed, looked up) here, off the event loop; its
         # threads mostly wait for the IO pool, so the same count of them is plenty.
-        self._prepare_pool = create_io_pool(options.io_workers, name="mmproc-prepare")
+        self._prepare_pool = create_io_pool(io_workers, name="mmproc-prepare")
+        # Requests answered from the cache tokenise on their callers' threads: with a copy of
+        # the tokenizer each, as many at once as the prepare pool runs.
+        self._front = TokenizerClones(self._tokenizer, io_workers)
         # The processor is final here (plugins customise it in load_hf_processor), so the clones
         # can be made now: in the background by default, so neither construction nor the first
         # requests pay for them (a Qwen2-sized tokenizer costs ~0.45 s a copy).
@@ -194,7 +240,7 @@ class Processor:
         for modality in MODALITIES:
             text = self.model.get_dummy_text(self.ctx, {modality: 1})
             if text:
-                found[modality] = list(self._front_tokenizer.encode(text, add_special_tokens=False))
+                found[modality] = list(self._tokenizer.encode(text, add_special_tokens=False))
         return found
 
     @property
@@ -236,26 +282,13 @@ class Processor:
 
         Media items are checked as :func:`mmproc.inputs.parse_mm_data` checks them, except that
         an item the cache answers is never decoded: one given encoded is read but not parsed,
-        one named by an id is not even checked (the id vouches for it), and neither counts
+        one named by an id is checked (its type and shape) but not decoded, and neither counts
         toward ``MediaLimits.max_request_decoded_bytes``. Items given decoded are loaded before
         the encoded ones the cache misses are parsed, so among several bad items an error about
         one given decoded comes first.
         """
         clock = self._new_clock()
-        answer = self._prepare(prompt, mm_data or {}, hf_kwargs, mm_uuids, clock)
-        if isinstance(answer, ProcessedInputs):
-            return answer
-        # Items other requests are computing right now. (Not from inside a worker's call: it
-        # could be waiting for its own claim.)
-        nested = getattr(self._thread_state, "processing", False)
-        waited = not nested and self._in_flight.wait(answer.misses())
-        if waited or answer.media is not None:
-            answer = self._after_waiting(answer)
-            if isinstance(answer, ProcessedInputs):
-                return answer
-        result = self._pool.run(self._process_prepared, answer)
-        clock.mark("hops")
-        return result
+        return self._run(self._route(self._prepare, (prompt, mm_data, hf_kwargs, mm_uuids), clock))
 
     async def process_async(
         self,
@@ -266,25 +299,164 @@ class Processor:
         mm_uuids: Mapping[str, Any] | None = None,
     ) -> ProcessedInputs:
         """Like :meth:`process`, without blocking the event loop on loading or preprocessing."""
-        loop = asyncio.get_running_loop()
         clock = self._new_clock()
-        # Not on the IO pool itself: preparing waits for decode jobs it puts on that pool, and
-        # waiting inside the pool for the pool deadlocks once every IO thread does it.
-        answer = await loop.run_in_executor(
-            self._prepare_pool, self._prepare, prompt, mm_data or {}, hf_kwargs, mm_uuids, clock
-        )
+        route = self._route(self._prepare, (prompt, mm_data, hf_kwargs, mm_uuids), clock)
+        return await self._run_async(route)
+
+    def _route(
+        self,
+        prepare: Callable[..., _Request | ProcessedInputs],
+        args: tuple[Any, ...],
+        clock: StageClock,
+    ) -> _Route:
+        """The steps of one request, as a generator that :meth:`_run` and :meth:`_run_async`
+        drive: each yields what to do next, and gets its result back."""
+        answer = yield _OffLoop(prepare, (*args, clock))  # steps 1-3, decoding the misses
         if isinstance(answer, ProcessedInputs):
-            return answer
-        # Waiting for items other requests compute holds no thread: the prepare pool stays free
-        # for the requests behind this one.
-        waited = await self._in_flight.wait_async(answer.misses())
-        if waited or answer.media is not None:
-            answer = await loop.run_in_executor(self._prepare_pool, self._after_waiting, answer)
-            if isinstance(answer, ProcessedInputs):
-                return answer
-        result = await self._pool.run_async(self._process_prepared, answer)
+            return answer  # every item was cached
+        request = answer
+        try:
+            # Items other requests are computing right now: wait for them (the request left
+            # them undecoded), then look them up again.
+            waited = yield _WaitFor(request.miss_keys())
+            if waited or request.media is not None:
+                answer = yield _OffLoop(self._after_waiting, (request,))
+                if isinstance(answer, ProcessedInputs):
+                    return answer
+        finally:
+            if request.media is not None:  # abandoned while waiting (cancelled)
+                request.media.close()
+        result = yield _OnWorker(self._process_prepared, request)  # steps 4-6
         clock.mark("hops")
         return result
+
+    def _run(self, route: _Route) -> ProcessedInputs:
+        """Drive ``route`` on the calling thread."""
+        # A request made from inside a worker's own call never waits: it could be waiting for
+        # a claim of the request that made it.
+        nested = getattr(self._thread_state, "processing", False)
+        with contextlib.closing(route):
+            step = next(route)
+            while True:
+                if isinstance(step, _OffLoop):
+                    result: Any = step.fn(*step.args)
+                elif isinstance(step, _WaitFor):
+                    result = not nested and self._in_flight.wait(step.keys)
+                else:
+                    result = self._pool.run(step.fn, step.request)
+                try:
+                    step = route.send(result)
+                except StopIteration as done:
+                    return done.value
+
+    async def _run_async(self, route: _Route) -> ProcessedInputs:
+        """Drive ``route`` from the event loop, never blocking it."""
+        loop = asyncio.get_running_loop()
+        with contextlib.closing(route):
+            step = next(route)
+            while True:
+                if isinstance(step, _OffLoop):
+                    # Not on the IO pool itself: preparing waits for decode jobs it puts on that
+                    # pool, and waiting inside the pool for the pool deadlocks once every IO
+                    # thread does it.
+                    result: Any = await loop.run_in_executor(
+                        self._prepare_pool, step.fn, *step.args
+                    )
+                elif isinstance(step, _WaitFor):
+                    # On the loop: the prepare pool stays free for the requests behind this one.
+                    result = await self._in_flight.wait_async(step.keys)
+                else:
+                    result = await self._pool.run_async(step.fn, step.request)
+                try:
+                    step = route.send(result)
+                except StopIteration as done:
+                    return done.value
+
+    def _prepare(
+        self,
+        prompt: str | Sequence[int],
+        mm_data: Mapping[str, Any] | None,
+        hf_kwargs: Mapping[str, Any] | None,
+        mm_uuids: Mapping[str, Any] | None,
+        clock: StageClock = NO_CLOCK,
+    ) -> _Request | ProcessedInputs:
+        """Steps 1-3: read the items, decode those given decoded, key them and look them up;
+        the answer itself when every item is cached. The misses are decoded too, unless another
+        request is computing some of them: then they wait, undecoded, in ``request.media``."""
+        clock.mark("hops")  # from the caller to the prepare pool, for async requests
+        prompt = self._checked_prompt(check_prompt(prompt))
+        user_kwargs = dict(hf_kwargs or {})
+        raw = self.normalization.raw_pixels_for(user_kwargs)
+        digest = self._keys.context_digest(user_kwargs, raw)
+        read = read_mm_data(mm_data, io_pool=self._io_pool, media=self._media)
+        kept = False  # whether the request keeps its media open, to decode after its wait
+        try:
+            counts = read.counts
+            self._check_modalities(counts)
+            ids = check_mm_uuids(mm_uuids, counts)
+            items = self._decode_given(read, ids)
+            clock.mark("parse")
+            for item in items:
+                item.key, item.hash = self._key(digest, item, ids, read, bool(user_kwargs))
+            clock.mark("hash")
+            keys = [item.key for item in items]
+            request = _Request(prompt, items, self._lookup(keys), user_kwargs, raw, clock=clock)
+            clock.mark("lookup")
+            if self._all_cached(request):
+                return self._answer_from_cache(request)
+            # What others compute right now this request will most likely find in the cache
+            # once it has waited for them: it leaves its misses undecoded until then.
+            if self._in_flight.claimed(request.miss_keys()):
+                request.media, kept = read, True
+            else:
+                self._decode_misses(request, read)
+            return request
+        finally:
+            if not kept:
+                read.close()
+
+    def _decode_given(
+        self, read: ReadMediaItems, ids: Mapping[str, list[str | None]]
+    ) -> list[_Item]:
+        """The request's items, those given decoded loaded: their key is their content. An item
+        given encoded is keyed by its bytes, and one named by the caller by its id: neither is
+        decoded here."""
+        named = {(m, i) for m, modality_ids in ids.items() for i, v in enumerate(modality_ids) if v}
+        refs = read.refs()
+        loaded = read.decode(ref for ref in refs if read.source(ref) is None and ref not in named)
+        return [_Item(m, i, "", "", loaded.get((m, i), _UNDECODED)) for m, i in refs]
+
+    def _key(
+        self,
+        digest: bytes,
+        item: _Item,
+        ids: Mapping[str, list[str | None]],
+        read: ReadMediaItems,
+        has_user_kwargs: bool,
+    ) -> tuple[str, str]:
+        """An item's cache key and the hash its feature shows."""
+        modality_ids = ids.get(item.modality)
+        item_id = modality_ids[item.index] if modality_ids else None
+        if item_id is not None:
+            key = self._keys.id_key(digest, item_id)
+            # The engine keys its caches on the hash: an id stands for itself unless the
+            # request's hf_kwargs shape the outputs, which the key then covers.
+            return key, key if has_user_kwargs else item_id
+        source = read.source((item.modality, item.index))
+        if source is not None:
+            key = self._keys.source_key(digest, item.modality, source)
+        else:
+            key = self._keys.content_key(digest, item.modality, item.value)
+        return key, key
+
+    def _decode_misses(self, request: _Request, read: ReadMediaItems) -> None:
+        """Decode the items the request computes (the first of each distinct key it misses)."""
+        todo = [item for item in request.to_compute() if item.value is _UNDECODED]
+        if todo:
+            decoded = read.decode((item.modality, item.index) for item in todo)
+            for item in todo:
+                item.value = decoded[item.modality, item.index]
+        request.clock.mark("decode")
 
     def _after_waiting(self, request: _Request) -> _Request | ProcessedInputs:
         """A request whose items others were computing: what they left in the cache is a hit
@@ -294,14 +466,12 @@ class Processor:
         media, request.media = request.media, None
         try:
             if self.cache.enabled:
-                request.cached.update(self._lookup(request.misses(), retry=True))
+                request.cached.update(self._lookup(request.miss_keys(), retry=True))
                 request.clock.mark("lookup")
             if self._all_cached(request):
                 return self._answer_from_cache(request)
             if media is not None:
-                misses = request.first_misses()
-                request.items = media.decode(lambda m, i: (m, i) in misses)
-                request.clock.mark("decode")
+                self._decode_misses(request, media)
             return request
         finally:
             if media is not None:
@@ -312,87 +482,22 @@ class Processor:
         # the cache path shares: it goes through the pool too.
         return not request.misses() and not self._pool.synchronous
 
-    def _prepare(
-        self,
-        prompt: str | Sequence[int],
-        mm_data: Mapping[str, Any],
-        hf_kwargs: Mapping[str, Any] | None,
-        mm_uuids: Mapping[str, Any] | None,
-        clock: StageClock = NO_CLOCK,
-    ) -> _Request | ProcessedInputs:
-        """Read, key and look up a request's items and decode those the cache misses; the
-        answer itself when every item is cached."""
-        clock.mark("hops")  # from the caller to the prepare pool, for async requests
-        prompt = check_prompt(prompt)
-        user_kwargs = dict(hf_kwargs or {})
-        raw = self.normalization.raw_pixels_for(user_kwargs)
-        digest = self._keys.context_digest(user_kwargs, raw)
-        read = read_mm_data(mm_data, io_pool=self._io_pool, media=self._media)
-        kept = False
-        try:
-            request = self._key_and_look_up(read, prompt, user_kwargs, raw, digest, mm_uuids, clock)
-            if self._all_cached(request):
-                return self._answer_from_cache(request)
-            # Decode what this request will compute; what others compute right now it will
-            # most likely find in the cache once it has waited for them (see process()).
-            misses = request.first_misses()
-            computed_elsewhere = self._in_flight.claimed(misses.values())
-            request.items = read.decode(
-                lambda m, i: (m, i) in misses and misses[m, i] not in computed_elsewhere
-            )
-            clock.mark("decode")
-            if computed_elsewhere:
-                request.media, kept = read, True  # what is still missing after the wait
-            return request
-        finally:
-            if not kept:
-                read.close()
+    def _checked_prompt(self, prompt: str | list[int]) -> str | list[int]:
+        if isinstance(prompt, str):
+            self._check_prompt_length(len(prompt), "characters")
+        else:
+            self._check_prompt_length(len(prompt), "tokens")
+        return prompt
 
-    def _key_and_look_up(
-        self,
-        read: ReadMediaItems,
-        prompt: str | list[int],
-        user_kwargs: dict[str, Any],
-        raw: bool,
-        digest: bytes,
-        mm_uuids: Mapping[str, Any] | None,
-        clock: StageClock,
-    ) -> _Request:
-        """Key the items and look them up: the request, with its hits."""
-        counts = read.counts
-        self._check_modalities(counts)
-        ids = check_mm_uuids(mm_uuids, counts)
-        sources = read.sources()
-        # An item given encoded is keyed by its bytes and decoded only if the cache misses it;
-        # one given decoded is keyed by its content, so it is loaded now.
-        items = read.decode(
-            lambda m, i: sources[m][i] is None and (m not in ids or ids[m][i] is None)
-        )
-        clock.mark("parse")
-        keys: dict[str, list[str]] = {}
-        hashes: dict[str, list[str]] = {}
-        for modality, modality_items in items.items():
-            named = ids.get(modality) or [None] * len(modality_items)
-            keys[modality], hashes[modality] = [], []
-            for item, item_id, source in zip(modality_items, named, sources[modality]):
-                if item_id is not None:
-                    key = self._keys.id_key(digest, item_id)
-                    # The engine keys its caches on the hash: an id stands for itself unless the
-                    # request's hf_kwargs shape the outputs, which the key then covers.
-                    shown = key if user_kwargs else item_id
-                elif source is not None:
-                    key = shown = self._keys.source_key(digest, modality, source)
-                else:
-                    key = shown = self._keys.content_key(digest, modality, item)
-                keys[modality].append(key)
-                hashes[modality].append(shown)
-        all_keys = [key for modality_keys in keys.values() for key in modality_keys]
-        clock.mark("hash")
-        request = _Request(
-            prompt, items, keys, hashes, self._lookup(all_keys), user_kwargs, raw, clock=clock
-        )
-        clock.mark("lookup")
-        return request
+    def _check_prompt_length(self, length: int, unit: str) -> None:
+        """Refuse a prompt over ``max_prompt_chars`` (text) or ``max_prompt_tokens``."""
+        options = self.ctx.processor_options
+        name = "max_prompt_chars" if unit == "characters" else "max_prompt_tokens"
+        limit = getattr(options, name)
+        if limit is not None and length > limit:
+            raise PromptUpdateError(
+                f"the prompt has {length:,} {unit}, over the limit of {limit:,} (the {name} option)"
+            )
 
     def _check_modalities(self, counts: Mapping[str, int]) -> None:
         for modality in counts:
@@ -411,15 +516,15 @@ class Processor:
         return {key: item for key, item in zip(keys, found) if item is not None}
 
     def _answer_from_cache(self, request: _Request) -> ProcessedInputs:
-        with self._front_lock:
-            return self._assemble(
-                request, request.cached, self.hf_processor, self._front_tokenizer, None
-            )
+        # get_prompt_outputs reads the original processor (its hook may not call it), so it is
+        # shared; the tokenizer is called, so it is borrowed.
+        with self._front.borrow() as tokenizer:
+            return self._assemble(request, request.cached, self.hf_processor, tokenizer, None)
 
     def _process_prepared(self, request: _Request, *, processor: Any) -> ProcessedInputs:
-        """Runs on a worker thread with that thread's processor clone."""
+        """Steps 4-6, on a worker thread with that thread's processor clone."""
         request.clock.mark("hops")
-        if self.cache.enabled and (misses := request.misses()):
+        if self.cache.enabled and (misses := request.miss_keys()):
             # Whatever other requests finished since this one was prepared (or while it waited
             # for them) is a hit now; the rest is claimed, so that requests arriving from here on
             # wait for it instead of computing it too.
@@ -431,13 +536,9 @@ class Processor:
         state.processing = True
         try:
             entries = dict(request.cached)
-            missing = request.missing()
-            if any(item is None for refs in missing.values() for _, _, item in refs):
-                # Never the caller's fault: blaming their item (as the HF call would) misleads.
-                raise RuntimeError("mmproc bug: an item missing from the cache was not decoded")
             expanded_ids: list[int] | None = None
-            if missing:
-                computed, expanded_ids = self._compute_missing(request, missing, processor)
+            if to_compute := request.to_compute():
+                computed, expanded_ids = self._compute_missing(request, to_compute, processor)
                 entries.update(computed)
             return self._assemble(
                 request, entries, processor, tokenizer_of(processor), expanded_ids
@@ -457,8 +558,8 @@ class Processor:
         """Steps 5-6: expand the prompt with every item's resolved update, the features and the
         prompt's own outputs."""
         resolved = {
-            modality: [entries[key].prompt_updates for key in request.keys[modality]]
-            for modality in request.items
+            modality: [entries[key].prompt_updates for key in request.keys_of(modality)]
+            for modality in request.mm_counts
         }
         if expanded_ids is not None:
             prompt_ids = expanded_ids
@@ -478,20 +579,23 @@ class Processor:
                 request.clock.mark("tokenize")
             else:
                 ids = request.prompt
+            self._check_prompt_length(len(ids), "tokens")
             check_unused_placeholders(ids, self._placeholder_ids, request.mm_counts)
             check_placeholder_count(ids, resolved, tokenizer)
             new_prompt, placeholders = apply_resolved_updates(ids, resolved, tokenizer)
             assert not isinstance(new_prompt, str)  # token ids in, token ids out
             prompt_ids = new_prompt
+        by_ref = {(item.modality, item.index): item for item in request.items}
         features = []
         for modality, ranges in placeholders.items():
             for index, placeholder in enumerate(ranges):
-                data = entries[request.keys[modality][index]].data
+                item = by_ref[modality, index]
+                data = entries[item.key].data
                 features.append(
                     MultiModalFeature(
                         modality=modality,
                         item_index=index,
-                        hash=request.hashes[modality][index],
+                        hash=item.hash,
                         data=data,
                         placeholder=placeholder,
                         norm=self.normalization.norm_of(data),
@@ -524,16 +628,15 @@ class Processor:
         return kwargs
 
     def _compute_missing(
-        self,
-        request: _Request,
-        missing: dict[str, list[tuple[str, int, Any]]],
-        processor: Any,
+        self, request: _Request, to_compute: list[_Item], processor: Any
     ) -> tuple[dict[str, CachedItem], list[int] | None]:
         """Step 4: run the HF processor on the items not in the cache; cache their outputs with
         their resolved prompt updates. Returns the new items by key, and the prompt ids when HF
         expanded the prompt."""
         ctx, model = self.ctx, self.model
-        items = {m: [item for _, _, item in refs] for m, refs in missing.items()}
+        items: dict[str, list[Any]] = {}
+        for item in to_compute:
+            items.setdefault(item.modality, []).append(item.value)
         counts = {m: len(v) for m, v in items.items()}
         use_prompt = (
             self.ctx.processor_options.hf_prompt_expansion
@@ -548,49 +651,45 @@ class Processor:
             user_kwargs=request.user_kwargs,
         )
         kwargs = self._hf_kwargs(request.user_kwargs, request.raw)
-        outputs = None
+        clock = request.clock
+        expanded_ids = None
+        per_item = None
         if use_prompt:
             assert isinstance(request.prompt, str)
-            text = request.prompt
             try:
-                outputs = model.process_mm_data(ctx, mode, text, items, processor, kwargs)
+                outputs = model.process_mm_data(ctx, mode, request.prompt, items, processor, kwargs)
             except ProcessingError:
                 # Most often the prompt and the items disagree: the dummy-text path below says
                 # so precisely (PromptUpdateError), or finds the item at fault.
-                use_prompt = False
                 mode = dataclasses.replace(mode, media_only=True)
-        if outputs is None:
-            text = model.get_dummy_text(ctx, counts)
-            try:
-                outputs = model.process_mm_data(ctx, mode, text, items, processor, kwargs)
-            except ProcessingError as exc:
-                raise self._locate_failure(exc, missing, mode, kwargs, processor) from exc
-        clock = request.clock
+            else:
+                per_item = self._split(outputs, counts)
+                if "input_ids" in outputs:
+                    expanded_ids = _first_row(outputs["input_ids"])
+        if per_item is None:
+            per_item = self._run_media_only(to_compute, mode, kwargs, processor)
         clock.mark("hf_call")
-        per_item = self._split(outputs, counts)
         cacheable = True
         if request.raw and not self.normalization.to_uint8(per_item):
             # Neither raw nor trustworthy: rerun these items on the float path.
-            mode = dataclasses.replace(mode, raw_pixels=False)
+            mode = dataclasses.replace(mode, raw_pixels=False, media_only=True)
             kwargs = self._hf_kwargs(request.user_kwargs, raw=False)
-            outputs = model.process_mm_data(ctx, mode, text, items, processor, kwargs)
-            per_item = self._split(outputs, counts)
+            per_item = self._run_media_only(to_compute, mode, kwargs, processor)
+            expanded_ids = None
             cacheable = False  # their keys say "raw": never serve floats under them
         clock.mark("split")
-        expanded_ids = (
-            _first_row(outputs["input_ids"]) if use_prompt and "input_ids" in outputs else None
-        )
         updates = model.get_prompt_updates(ctx, processor, items, per_item)
         resolved = resolve_prompt_updates(updates, counts)
         clock.mark("prompt_updates")
         to_cache = cacheable and self.cache.enabled
-        computed = {
-            key: CachedItem.of(entry, candidates, compact=to_cache)
-            for modality, refs in missing.items()
-            for (key, _, _), entry, candidates in zip(
-                refs, per_item.get(modality, []), resolved[modality]
+        position = {m: 0 for m in counts}
+        computed: dict[str, CachedItem] = {}
+        for item in to_compute:
+            i = position[item.modality]
+            position[item.modality] += 1
+            computed[item.key] = CachedItem.of(
+                per_item[item.modality][i], resolved[item.modality][i], compact=to_cache
             )
-        }
         if to_cache:
             # One compact copy per item, shared by the cache and this request's features, so the
             # batch tensor is freed with the request rather than held by views.
@@ -601,6 +700,51 @@ class Processor:
             self._in_flight.release(done)
         clock.mark("cache_insert")
         return computed, expanded_ids
+
+    def _run_media_only(
+        self,
+        to_compute: list[_Item],
+        mode: ProcessingMode,
+        kwargs: Mapping[str, Any],
+        processor: Any,
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The HF processor on the items with the model's dummy text, split per item. When the
+        batch fails, the item at fault is named; when every item passes alone (some processors
+        cannot batch items of different shapes), the items are processed one at a time."""
+        refs = [(item.modality, item.index, item.value) for item in to_compute]
+        try:
+            return self._call_media_only(refs, mode, kwargs, processor)
+        except ProcessingError as exc:
+            failure = self._locate_failure(exc, refs, mode, kwargs, processor)
+            if failure is not exc or len(refs) == 1:
+                raise failure from exc
+            batch_error = exc
+        # No single item fails alone: they fail together (or every part fails, and so will
+        # they one by one: the batch's error is the one to report).
+        per_item: dict[str, list[dict[str, Any]]] = {}
+        for ref in refs:
+            try:
+                alone = self._call_media_only([ref], mode, kwargs, processor)
+            except ProcessingError:
+                raise batch_error from None
+            for modality, outputs in alone.items():
+                per_item.setdefault(modality, []).extend(outputs)
+        return per_item
+
+    def _call_media_only(
+        self,
+        refs: Sequence[ItemRef],
+        mode: ProcessingMode,
+        kwargs: Mapping[str, Any],
+        processor: Any,
+    ) -> dict[str, list[dict[str, Any]]]:
+        items: dict[str, list[Any]] = {}
+        for modality, _, value in refs:
+            items.setdefault(modality, []).append(value)
+        counts = {m: len(v) for m, v in items.items()}
+        text = self.model.get_dummy_text(self.ctx, counts)
+        outputs = self.model.process_mm_data(self.ctx, mode, text, items, processor, kwargs)
+        return self._split(outputs, counts)
 
     def _split(self, outputs: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:
         try:
@@ -613,7 +757,7 @@ class Processor:
     def _locate_failure(
         self,
         error: ProcessingError,
-        missing: dict[str, list[tuple[str, int, Any]]],
+        refs: Sequence[ItemRef],
         mode: ProcessingMode,
         kwargs: Mapping[str, Any],
         processor: Any,
@@ -621,17 +765,12 @@ class Processor:
         """Name the request item a processor failure comes from (:mod:`mmproc.item_failures`)."""
 
         def run(part: Sequence[ItemRef]) -> BaseException | None:
-            items: dict[str, list[Any]] = {}
-            for modality, _, item in part:
-                items.setdefault(modality, []).append(item)
-            text = self.model.get_dummy_text(self.ctx, {m: len(v) for m, v in items.items()})
             try:
-                self.model.process_mm_data(self.ctx, mode, text, items, processor, kwargs)
+                self._call_media_only(part, mode, kwargs, processor)
             except ProcessingError as exc:
                 return exc.__cause__ or exc
             return None
 
-        refs = [(m, index, item) for m, entries in missing.items() for _, index, item in entries]
         return locate_failing_item(
             error,
             refs,

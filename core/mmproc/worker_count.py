@@ -1,17 +1,15 @@
 """How many preprocessing workers a model gets: the preprocessing path and the count rules.
 
-Re-exported by :mod:`mmproc.executor`, which is where callers should import these names from.
-
 Why the path decides the default: preprocessing costs CPU time on the serving process, so with one
 worker throughput is capped at ``1 / preprocess_time`` however idle the accelerator is. A second
-worker lifts that cap when preprocessing runs on the CPU (+24-36 % measured by one engine), but
-when a torchvision ("fast") image processor runs on the serving GPU a second worker competes with
-the model for the device and throughput fell from 9.30 to 4.02 req/s. So the CPU path defaults to
-two workers (or the model's own hint) and the device path to one, which caps any hint; an explicit
-count from the user wins over both; a model that cannot run on per-thread clones gets one.
+worker lifts that cap when preprocessing runs on the CPU, but when a torchvision ("fast") image
+processor runs on the serving GPU a second worker competes with the model for the device and
+lowers throughput. So the CPU path defaults to two workers (or the model's own hint) and the
+device path to one, which caps any hint; an explicit count from the user wins over both; a model
+that cannot run on per-thread clones gets one.
 
 Everything here is pure (no torch import, no threads); the only side effects are log records on
-the ``mmproc.executor`` logger.
+this module's logger.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ __all__ = [
     "resolve_worker_count",
 ]
 
-# One logger for everything the worker pool reports, whichever module emits it.
-logger = logging.getLogger("mmproc.executor")
+logger = logging.getLogger(__name__)
 
 WORKERS_ENV = "MMPROC_WORKERS"
 IO_WORKERS_ENV = "MMPROC_IO_WORKERS"

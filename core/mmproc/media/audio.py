@@ -14,6 +14,19 @@ Decoding, in two steps like video (the size is known before anything big is allo
 
 :func:`convert_audio` then makes any waveform what the model needs (:class:`AudioFormat`):
 downmixed to mono by the mean of its channels, resampled with soxr.
+
+A waveform given decoded (``(waveform, sample_rate)``, an :class:`AudioItem`, or the HF datasets'
+``{"array", "sampling_rate"}`` dict) must be floating point, 1-D or channels-first 2-D, non-empty
+and finite; integer PCM is refused rather than rescaled by a guess. A decoded file's samples are
+checked the same way. A file's decoded size, for the request's budget
+(``MediaLimits.max_request_decoded_bytes``), is its samples as decoded, at its own rate and
+channel count, plus the converted waveform when the conversion makes a new one: a small file of
+many channels at a high rate costs what it decodes to, not what it becomes. A compressed file's
+length in its header is an estimate, so decoding stops, refused, once it gives more than half as
+much again as the header declared (and 2 s).
+
+Part of the decoding recipe (:func:`recipe`): PyAV, FFmpeg's libraries, libsndfile and libsoxr as
+loaded, and the format the audio is converted to.
 """
 
 from __future__ import annotations
@@ -21,17 +34,34 @@ from __future__ import annotations
 import abc
 import io
 import math
+from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
-from mmproc.media.policy import AudioFormat, MediaLimits
+from mmproc.media.arrays import is_array, to_numpy
+from mmproc.media.items import AudioItem, DecodePlan, DecodeSettings
+from mmproc.media.policy import AudioFormat, MediaLimits, MediaOptions
 from mmproc.media.problem import MediaProblem
 
 # soundfile, soxr and PyAV are imported where first needed: a waveform that needs no resampling
 # should not cost their imports.
 
-__all__ = ["AUDIO_CONTAINERS", "AudioPlan", "convert_audio", "converted_bytes", "plan_audio"]
+__all__ = [
+    "AUDIO_CONTAINERS",
+    "DATA_URL_TYPES",
+    "AudioPlan",
+    "convert_audio",
+    "converted_bytes",
+    "open_audio_file",
+    "plan_audio",
+    "prepare_audio",
+    "recipe",
+]
+
+DATA_URL_TYPES: tuple[str, ...] = ("audio/", "video/")
+"""Media types a ``data:`` URL of an audio item may have (a video's audio track is audio)."""
 
 AUDIO_CONTAINERS: tuple[str, ...] = (
     "wav",
@@ -140,6 +170,9 @@ class _PyAVPlan(AudioPlan):
     def decode(self) -> np.ndarray:
         limit = self._limits.max_audio_seconds
         max_frames = None if limit is None else math.floor(limit * self.sample_rate) + 1
+        # The request's budget counted the header's length: a header that lies short must not
+        # let the decoder allocate far past it.
+        declared_max = math.ceil(self.frames * 1.5) + 2 * self.sample_rate
         chunks: list[np.ndarray] = []
         total = 0
         try:
@@ -156,6 +189,11 @@ class _PyAVPlan(AudioPlan):
                     raise MediaProblem(
                         f"it decodes to more than the limit of {limit:g} s "
                         "(MediaLimits.max_audio_seconds)"
+                    )
+                if total > declared_max:
+                    raise MediaProblem(
+                        f"it decodes to more than its header declares "
+                        f"({self.frames / self.sample_rate:,.1f} s)"
                     )
             for out in resampler.resample(None):
                 chunks.append(out.to_ndarray())
@@ -205,7 +243,7 @@ def plan_audio(data: bytes, limits: MediaLimits) -> AudioPlan:
         else:
             _check_plan(plan, limits)
             return plan
-    from mmproc.media.video import open_container
+    from mmproc.media.container import open_container
 
     try:
         container = open_container(data, AUDIO_CONTAINERS)
@@ -266,3 +304,135 @@ def convert_audio(
         resampled = soxr.resample(waveform.T, sample_rate, rate, quality="HQ")
         waveform = np.ascontiguousarray(resampled.T, dtype=np.float32)
     return np.ascontiguousarray(waveform, dtype=np.float32), rate
+
+
+# --- the entry points of the decoding contract ------------------------------------------------
+
+
+def open_audio_file(data: bytes, settings: DecodeSettings) -> DecodePlan:
+    """Read an audio file's header (rate, channels, length); decoding and converting it to the
+    model's format is the plan's."""
+    fmt = settings.media.audio
+    plan = plan_audio(data, settings.media.limits)
+    decoded = plan.frames * plan.channels * 4  # float32 samples as the file decodes
+    converts = (plan.channels > 1 and fmt.mono) or fmt.sample_rate not in (None, plan.sample_rate)
+    size = decoded + (
+        converted_bytes(plan.frames, plan.channels, plan.sample_rate, fmt) if converts else 0
+    )
+
+    def finish() -> AudioItem:
+        samples = plan.decode()
+        if not np.isfinite(samples).all():
+            raise MediaProblem("the audio file decodes to NaN or infinite samples")
+        waveform, rate = convert_audio(samples, plan.sample_rate, fmt)
+        return AudioItem(waveform, rate)
+
+    return DecodePlan(size, finish, heavy=True, discard=plan.close)
+
+
+def prepare_audio(raw: Any, settings: DecodeSettings) -> DecodePlan:
+    """Check a waveform given decoded; converting it to the model's format is the plan's."""
+    fmt = settings.media.audio
+    limits = settings.media.limits
+    waveform, rate = _validated_audio(raw)
+    seconds = waveform.shape[-1] / rate
+    if limits.max_audio_seconds is not None and seconds > limits.max_audio_seconds:
+        raise MediaProblem(
+            f"{seconds:,.1f} s is over the limit of {limits.max_audio_seconds:g} s "
+            "(MediaLimits.max_audio_seconds)"
+        )
+    channels = waveform.shape[0] if waveform.ndim == 2 else 1
+    size = converted_bytes(waveform.shape[-1], channels, rate, fmt)
+    resamples = fmt.sample_rate is not None and fmt.sample_rate != rate
+
+    def convert() -> AudioItem:
+        converted, new_rate = convert_audio(waveform, rate, fmt)
+        if isinstance(raw, AudioItem) and converted is raw.waveform and new_rate == rate:
+            return raw
+        return AudioItem(converted, new_rate)
+
+    return DecodePlan(size, convert, heavy=resamples)
+
+
+def recipe(media: MediaOptions) -> dict[str, Any]:
+    """What decides what an audio file decodes to: the decoding libraries as loaded, and the
+    format the audio is converted to."""
+    import av
+    import soundfile
+    import soxr
+
+    return {
+        "av": {"version": av.__version__, **av.library_versions},
+        "soundfile": [soundfile.__version__, soundfile.__libsndfile_version__],
+        "soxr": [soxr.__version__, soxr.__libsoxr_version__],
+        "format": asdict(media.audio),
+    }
+
+
+def is_single_audio(obj: Any) -> bool:
+    """Whether ``obj`` is one audio item given decoded (not a list of items)."""
+    if isinstance(obj, AudioItem | Mapping):
+        return True
+    return (
+        isinstance(obj, tuple | list)
+        and len(obj) == 2
+        and isinstance(obj[1], int | float | np.integer | np.floating)
+        and not isinstance(obj[1], bool)
+    )
+
+
+def _validated_audio(raw: Any) -> tuple[np.ndarray, int]:
+    if isinstance(raw, AudioItem):
+        waveform, rate = raw.waveform, raw.sample_rate
+    elif isinstance(raw, Mapping):
+        if "array" not in raw or "sampling_rate" not in raw:
+            raise MediaProblem(
+                f"audio dicts need 'array' and 'sampling_rate' keys, got {sorted(map(str, raw))}"
+            )
+        waveform, rate = raw["array"], raw["sampling_rate"]
+    elif isinstance(raw, tuple | list) and len(raw) == 2:
+        waveform, rate = raw
+    else:
+        raise MediaProblem(
+            f"unsupported audio type {type(raw).__name__}; expected (waveform, sample_rate) or "
+            "an audio file (bytes, a path, a data: URL or an http(s):// URL)"
+        )
+    return _validate_waveform(waveform), _validate_rate(rate)
+
+
+def _validate_rate(rate: Any) -> int:
+    if isinstance(rate, bool) or not isinstance(rate, int | float | np.integer | np.floating):
+        raise MediaProblem(f"sample rate must be a number, got {type(rate).__name__}")
+    if not float(rate).is_integer() or rate <= 0:
+        raise MediaProblem(f"sample rate must be a positive integer, got {rate!r}")
+    return int(rate)
+
+
+def _validate_waveform(waveform: Any) -> np.ndarray:
+    if is_array(waveform):
+        arr = to_numpy(waveform)
+    elif isinstance(waveform, list | tuple):
+        arr = np.asarray(waveform)
+        if arr.dtype.kind in "iu":  # a Python list of ints is plain numbers, not PCM
+            arr = arr.astype(np.float32)
+    else:
+        raise MediaProblem(
+            f"waveform must be a numpy array or tensor, got {type(waveform).__name__}"
+        )
+    if arr.dtype.kind != "f":
+        raise MediaProblem(
+            f"waveform must be floating point, got {arr.dtype}"
+            + ("; integer PCM must be scaled to [-1, 1] first" if arr.dtype.kind in "iu" else "")
+        )
+    if arr.ndim not in (1, 2):
+        raise MediaProblem(f"waveform shape {arr.shape} is not (samples,) or (channels, samples)")
+    if arr.size == 0:
+        raise MediaProblem(f"empty audio (waveform shape {arr.shape})")
+    if arr.ndim == 2 and arr.shape[0] > arr.shape[1]:
+        raise MediaProblem(
+            f"waveform shape {arr.shape} looks like (samples, channels); pass (channels, samples)"
+        )
+    arr = np.ascontiguousarray(arr, dtype=np.float32)  # copies only when needed
+    if not np.isfinite(arr).all():
+        raise MediaProblem("waveform contains NaN or infinite values")
+    return arr

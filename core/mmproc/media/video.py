@@ -1,10 +1,18 @@
-"""Video files with PyAV: sample frames by a :class:`~mmproc.media.policy.VideoSampling`,
-decoding only what those frames need.
+"""Videos: frames given decoded, and video files decoded with PyAV, to :class:`VideoItem`.
 
-Two steps, so that a request's size is known before anything big is allocated:
+A video item is ``frames``, one C-contiguous ``uint8`` ``(T, H, W, C)`` array (so hashing needs
+no copy and every HF video processor accepts it), with ``metadata`` (:class:`VideoMetadata`) when
+it came from a file. Frames given decoded (an array, a ``(T, H, W, C)`` / ``(T, C, H, W)`` tensor,
+a list of frames each in any image form, or a :class:`VideoItem`) are kept as given: never
+resampled. PIL frames in modes other than ``L``/``RGB``/``RGBA`` become ``RGB`` (``RGBA`` with
+transparency), since an array has no palette. A list of frames given encoded counts its frames'
+bytes together against ``MediaLimits.max_item_bytes``, as one file would.
 
-1. :func:`plan_video` opens the container (only the demuxers in :data:`VIDEO_CONTAINERS`: probing
-   every format ffmpeg knows would let playlists such as HLS open other files and URLs), reads
+A video file is sampled by a :class:`~mmproc.media.policy.VideoSampling`, decoding only what the
+sampled frames need, in two steps, so that a request's size is known before anything big is
+allocated:
+
+1. :func:`plan_video` opens the container (only the demuxers in :data:`VIDEO_CONTAINERS`), reads
    every packet of the first video stream *without decoding it* — a few milliseconds — and so
    learns each frame's timestamp and which packets are keyframes. From that it knows the
    duration (refused over ``MediaLimits.max_video_seconds``, while reading), picks the frames
@@ -20,28 +28,47 @@ Two steps, so that a request's size is known before anything big is allocated:
    there get made-up ones) — the whole stream is decoded again, plainly, and the sampled frames
    are taken by their position in it.
 
-Frames come out as one C-contiguous ``uint8`` ``(T, H, W, 3)`` array at the stream's size (a
-stream that changes size midway is scaled back to its first size).
+A file's frames come out as ``(T, H, W, 3)`` at the stream's size (a stream that changes size
+midway is scaled back to its first size).
+
+Part of the decoding recipe (:func:`recipe`): PyAV and FFmpeg's libraries as loaded, and the
+sampling.
 """
 
 from __future__ import annotations
 
 import bisect
-import io
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
-import av
 import numpy as np
+from PIL import Image
 
-from mmproc.inputs import VideoItem, VideoMetadata
-from mmproc.media.policy import MediaLimits, VideoSampling
-from mmproc.media.problem import MediaProblem
+from mmproc._torch import is_torch_tensor
+from mmproc.media.arrays import is_array, to_numpy
+from mmproc.media.image import CHANNELS_TO_MODE, check_pixels, prepare_image
+from mmproc.media.items import ENCODED_FORMS, DecodePlan, DecodeSettings, VideoItem, VideoMetadata
+from mmproc.media.policy import MediaLimits, MediaOptions, VideoSampling
+from mmproc.media.problem import MediaProblem, describe
+from mmproc.media.sources import check_item_size, read_media_bytes
 
-__all__ = ["VIDEO_CONTAINERS", "VideoPlan", "plan_video"]
+# PyAV is imported where a video file first needs it: frames given decoded never load it.
+
+__all__ = [
+    "DATA_URL_TYPES",
+    "VIDEO_CONTAINERS",
+    "VideoPlan",
+    "open_video_file",
+    "plan_video",
+    "prepare_video",
+    "recipe",
+]
+
+DATA_URL_TYPES: tuple[str, ...] = ("video/",)
+"""Media types a ``data:`` URL of a video may have."""
 
 VIDEO_CONTAINERS: tuple[str, ...] = (
     "mov",
@@ -59,29 +86,6 @@ VIDEO_CONTAINERS: tuple[str, ...] = (
 _MAX_SOURCE_FPS = 1000
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def open_container(data: bytes, formats: tuple[str, ...]) -> Any:
-    """Open ``data`` with PyAV, allowing only the demuxers named in ``formats``."""
-    if not data:
-        raise MediaProblem("empty file (0 bytes)")
-    try:
-        return av.open(
-            io.BytesIO(data),
-            container_options={"format_whitelist": ",".join(formats), "fflags": "+genpts"},
-        )
-    except av.error.ArgumentError as exc:
-        raise MediaProblem(
-            f"not a supported container (allowed: {', '.join(formats)}); starts {bytes(data[:8])!r}"
-        ) from exc
-    except Exception as exc:
-        raise MediaProblem(
-            f"cannot open it ({len(data):,} bytes, starts {bytes(data[:8])!r}): {_describe(exc)}"
-        ) from exc
-
-
 @dataclass(slots=True)
 class _Index:
     """The video stream's packets in decode order: timestamps, keyframe flags, durations."""
@@ -93,6 +97,8 @@ class _Index:
 
 
 def _declared_seconds(container: Any, stream: Any) -> float | None:
+    import av
+
     if stream.duration is not None and stream.time_base:
         return float(stream.duration * stream.time_base)
     if container.duration is not None:
@@ -163,6 +169,8 @@ def _check_declared_duration(container: Any, index: _Index, time_base: Fraction)
     """Refuse a video-only file whose frames end well before the duration its header declares:
     a cut (or garbled) Matroska / WebM file otherwise decodes as a shorter clip. With other
     streams (audio may outlast the video) the declared duration says nothing about the video."""
+    import av
+
     if len(container.streams) != 1 or container.duration is None:
         return
     declared = container.duration / av.time_base
@@ -175,6 +183,8 @@ def _check_declared_duration(container: Any, index: _Index, time_base: Fraction)
 
 
 def _video_stream(container: Any) -> Any:
+    import av
+
     for stream in container.streams.video:
         if not stream.disposition & av.stream.Disposition.attached_pic:  # cover art
             return stream
@@ -194,6 +204,8 @@ def plan_video(
         MediaProblem: not a video, no frames, corrupt, or over ``MediaLimits`` (duration,
             frames). The frame size (``width``, ``height``) is the caller's to check.
     """
+    from mmproc.media.container import open_container
+
     container = open_container(data, containers)
     try:
         stream = _video_stream(container)
@@ -207,7 +219,7 @@ def plan_video(
         except MediaProblem:
             raise
         except Exception as exc:
-            raise MediaProblem(f"corrupt or truncated video: {_describe(exc)}") from exc
+            raise MediaProblem(f"corrupt or truncated video: {describe(exc)}") from exc
         plan = VideoPlan(container, stream, index, width, height, sampling, limits)
     except BaseException:
         container.close()
@@ -274,7 +286,7 @@ class VideoPlan:
         self._container.close()
 
     def decode(self) -> VideoItem:
-        """Decode the chosen frames into a :class:`~mmproc.inputs.VideoItem`.
+        """Decode the chosen frames into a :class:`~mmproc.media.items.VideoItem`.
 
         Raises:
             MediaProblem: the stream cannot be decoded.
@@ -286,7 +298,7 @@ class VideoPlan:
         except MediaProblem:
             raise
         except Exception as exc:
-            raise MediaProblem(f"cannot decode the video: {_describe(exc)}") from exc
+            raise MediaProblem(f"cannot decode the video: {describe(exc)}") from exc
         finally:
             self.close()
         return VideoItem(frames, self.metadata)
@@ -396,3 +408,152 @@ class VideoPlan:
             raise MediaProblem("no frame of the video could be decoded")
         # The decoder gave fewer frames than the file has packets: the rest get its last frame.
         self._store(last, [slot for group in slots.values() for slot in group], frames)
+
+
+# --- the entry points of the decoding contract ------------------------------------------------
+
+
+def open_video_file(data: bytes, settings: DecodeSettings) -> DecodePlan:
+    """Index a video file and choose its frames by the sampling (decoding is the plan's)."""
+    media = settings.media
+    plan = plan_video(data, media.video, media.limits)
+    try:
+        check_pixels(plan.width, plan.height)
+    except MediaProblem:
+        plan.close()
+        raise
+    return DecodePlan(plan.decoded_bytes, plan.decode, heavy=True, discard=plan.close)
+
+
+def recipe(media: MediaOptions) -> dict[str, Any]:
+    """What decides what a video file decodes to: PyAV and FFmpeg's libraries as loaded, and
+    the frames sampled from it."""
+    import av
+
+    return {
+        "av": {"version": av.__version__, **av.library_versions},
+        "sampling": asdict(media.video),
+    }
+
+
+def prepare_video(raw: Any, settings: DecodeSettings) -> DecodePlan:
+    """Check a video given as frames (an array or tensor, a list of frames, a VideoItem)."""
+    if isinstance(raw, VideoItem):
+        return _prepare_video_item(raw, settings)
+    if is_array(raw):
+        frames = _video_from_array(raw)
+        _check_frame_count(frames.shape[0], settings)
+        return DecodePlan.done(VideoItem(frames), frames.nbytes)
+    if isinstance(raw, list | tuple):
+        return _prepare_frame_list(raw, settings)
+    raise MediaProblem(
+        f"unsupported video type {type(raw).__name__}; expected a video file (bytes, a path, a "
+        "data: URL or an http(s):// URL), a list of frames or a (T, H, W, C) uint8 array"
+    )
+
+
+def _check_frame_count(count: int, settings: DecodeSettings) -> None:
+    limit = settings.media.limits.max_video_frames
+    if limit is not None and count > limit:
+        raise MediaProblem(
+            f"{count:,} frames is over the limit of {limit:,} (MediaLimits.max_video_frames)"
+        )
+
+
+def _prepare_video_item(item: VideoItem, settings: DecodeSettings) -> DecodePlan:
+    frames = _video_from_array(item.frames)
+    _check_frame_count(frames.shape[0], settings)
+    metadata = item.metadata
+    if metadata is not None:
+        if not isinstance(metadata, VideoMetadata):
+            raise MediaProblem(
+                f"VideoItem.metadata must be a VideoMetadata or None, got {type(metadata).__name__}"
+            )
+        described = {len(metadata.frame_indices), len(metadata.timestamps_s)}
+        if described != {frames.shape[0]}:
+            raise MediaProblem(
+                f"its metadata describes {sorted(described)} frames, its array has "
+                f"{frames.shape[0]}"
+            )
+    same = frames is item.frames
+    return DecodePlan.done(item if same else VideoItem(frames, metadata), frames.nbytes)
+
+
+def _prepare_frame_list(raw: list[Any] | tuple[Any, ...], settings: DecodeSettings) -> DecodePlan:
+    if not raw:
+        raise MediaProblem("empty video (no frames)")
+    _check_frame_count(len(raw), settings)
+    frames: list[DecodePlan] = []
+    encoded_bytes = 0
+    for t, frame in enumerate(raw):
+        try:
+            if isinstance(frame, ENCODED_FORMS):
+                data = read_media_bytes(
+                    frame, data_url_types=_FRAME_DATA_URL_TYPES, options=settings.media
+                )
+                # One video, one item: its frames' bytes count together, as a file's would.
+                encoded_bytes += len(data)
+                check_item_size(
+                    encoded_bytes, settings.media.limits, what="the video's encoded frames"
+                )
+                frames.append(prepare_image(data, settings))
+            else:
+                frames.append(prepare_image(frame, settings))
+        except MediaProblem as exc:
+            raise MediaProblem(f"frame {t}: {exc}") from exc.__cause__
+
+    def finish() -> VideoItem:
+        arrays: list[np.ndarray] = []
+        for t, pending in enumerate(frames):
+            try:
+                arrays.append(_frame_to_array(pending.decode()))
+            except MediaProblem as exc:
+                raise MediaProblem(f"frame {t}: {exc}") from exc.__cause__
+            if arrays[t].shape != arrays[0].shape:
+                raise MediaProblem(
+                    f"frame {t} has shape {arrays[t].shape} (H, W, C), frame 0 has "
+                    f"{arrays[0].shape}; all frames must match"
+                )
+        return VideoItem(np.stack(arrays))
+
+    heavy = any(p.heavy for p in frames)
+    return DecodePlan(sum(p.decoded_bytes for p in frames), finish, heavy=heavy)
+
+
+def _video_from_array(raw: Any) -> np.ndarray:
+    if not is_array(raw):
+        raise MediaProblem(f"video frames must be a uint8 array, got {type(raw).__name__}")
+    arr = to_numpy(raw)
+    if arr.dtype != np.uint8:
+        raise MediaProblem(f"video arrays must be uint8, got {arr.dtype}")
+    if arr.ndim != 4:
+        raise MediaProblem(f"video array shape {tuple(arr.shape)} is not (T, H, W, C)")
+    if is_torch_tensor(raw) and arr.shape[1] in CHANNELS_TO_MODE:
+        arr = arr.transpose(0, 2, 3, 1)  # (T, C, H, W), torch's channels-first convention
+    frames, height, width, channels = arr.shape
+    if channels not in CHANNELS_TO_MODE:
+        raise MediaProblem(
+            f"video array shape {tuple(raw.shape)} is not (T, H, W, C) with C in 1, 3, 4"
+        )
+    if frames == 0 or height == 0 or width == 0:
+        raise MediaProblem(f"empty video (shape {tuple(arr.shape)})")
+    check_pixels(width, height)
+    return np.ascontiguousarray(arr)  # no copy when it already is
+
+
+def _frame_to_array(image: Image.Image) -> np.ndarray:
+    if image.mode not in _ARRAY_MODES:
+        image = image.convert("RGBA" if image.has_transparency_data else "RGB")
+    arr = np.asarray(image)
+    return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+_ARRAY_MODES = frozenset(CHANNELS_TO_MODE.values())
+# A video's frames given as data: URLs are images.
+_FRAME_DATA_URL_TYPES: tuple[str, ...] = ("image/",)
+
+
+def is_frame(obj: Any) -> bool:
+    """Whether ``obj`` is one frame (a PIL image, a 2-D or 3-D array or tensor), so that a list
+    starting with it is one video given as frames rather than a list of videos."""
+    return isinstance(obj, Image.Image) or (is_array(obj) and obj.ndim in (2, 3))

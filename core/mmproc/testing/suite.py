@@ -555,8 +555,8 @@ class PluginConformance:
     def test_process_mm_data_uses_the_processor_it_is_given(
         self, mmproc_registry: Registry, model_folder: Path
     ) -> None:
-        from mmproc.executor import fast_processor_kwargs
         from mmproc.fused_norm import raw_pixel_kwargs
+        from mmproc.worker_count import fast_processor_kwargs
 
         with self.open(mmproc_registry, model_folder, warm_up=False) as processor:
             hooks, ctx = processor.model, processor.ctx
@@ -575,7 +575,7 @@ class PluginConformance:
     def test_the_pool_follows_the_path_rules(
         self, mmproc_registry: Registry, model_folder: Path, monkeypatch: Any
     ) -> None:
-        from mmproc.executor import PreprocessingPath
+        from mmproc.worker_count import PreprocessingPath
 
         monkeypatch.delenv("MMPROC_WORKERS", raising=False)  # the defaults are under test
         with self.open(mmproc_registry, model_folder, warm_up=False) as cpu:

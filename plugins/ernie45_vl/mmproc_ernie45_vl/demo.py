@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from mmproc.testing import build_tokenizer, resave_with_processor, write_model_folder
+from mmproc.plugin import build_tokenizer, resave_with_processor, write_model_folder
 
 from mmproc_ernie45_vl.original import CLIP_MEAN, CLIP_STD, FONT_FILE
 

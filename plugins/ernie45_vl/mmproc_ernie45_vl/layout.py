@@ -20,7 +20,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from mmproc.errors import ProcessorLoadError
+from mmproc.plugin import ProcessorLoadError
 
 __all__ = ["CONVERTED_MODEL_TYPE", "ORIGINAL_MODEL_TYPE", "Layout", "detect_layout"]
 

@@ -31,10 +31,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mmproc.context import ModelContext
-from mmproc.defaults import read_chat_template, read_json_object
-from mmproc.errors import ConfigurationError, ProcessorLoadError
-from mmproc_qwen_vl.loading import chosen_backend
+from mmproc.plugin import (
+    ConfigurationError,
+    ModelContext,
+    ProcessorLoadError,
+    read_chat_template,
+    read_json_object,
+)
+from mmproc_qwen_vl.shared import chosen_backend
 
 from mmproc_ernie45_vl.layout import Layout, detect_layout
 from mmproc_ernie45_vl.original import (
@@ -193,27 +197,19 @@ def load_converted_processor(ctx: ModelContext) -> Any:
         else {}
     )
     extra = dict(ctx.processor_options.hf_processor_kwargs)
-    try:
-        image_processor = image_processor_class.from_pretrained(
-            str(folder), local_files_only=True, **extra
-        )
-        video_processor = Ernie4_5_VLMoeVideoProcessor.from_pretrained(
-            str(folder), local_files_only=True, **{**font_kwargs, **extra}
-        )
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        processor = Ernie4_5_VLMoeProcessor(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=video_processor,
-            chat_template=read_chat_template(folder),
-        )
-    except (ConfigurationError, ProcessorLoadError):
-        raise
-    except Exception as exc:
-        raise ProcessorLoadError(
-            f"{_prefix(ctx)}: cannot build the processor from the converted-layout folder "
-            f"{folder} with the {backend} backend: {type(exc).__name__}: {exc}"
-        ) from exc
+    image_processor = image_processor_class.from_pretrained(
+        str(folder), local_files_only=True, **extra
+    )
+    video_processor = Ernie4_5_VLMoeVideoProcessor.from_pretrained(
+        str(folder), local_files_only=True, **{**font_kwargs, **extra}
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    processor = Ernie4_5_VLMoeProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=read_chat_template(folder),
+    )
     _check_ids(
         ctx,
         {

@@ -24,19 +24,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
-from mmproc import hookimpl
-from mmproc.context import ModelContext, ProcessingMode
-from mmproc.defaults import video_kwargs
-from mmproc.fields import BatchedField, FieldSpec, FlatField
-from mmproc.fused_norm import ChannelLayout, NormSpec
-from mmproc.media import MediaFormat, VideoSampling
-from mmproc.prompt_update import (
+from mmproc.plugin import (
+    BatchedField,
+    ChannelLayout,
+    FieldSpec,
+    FlatField,
+    MediaFormat,
+    ModelContext,
+    NormSpec,
     PlaceholderRange,
+    ProcessingMode,
     PromptReplacement,
     PromptUpdate,
     PromptUpdateDetails,
+    VideoSampling,
+    hf_video_kwargs,
+    hookimpl,
 )
+from mmproc_qwen_vl.shared import repeated_token, same_normalisation, uint8_patches
 
 from mmproc_ernie45_vl.layout import Layout, detect_layout
 from mmproc_ernie45_vl.loading import load_ernie_processor
@@ -60,12 +65,6 @@ _PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
 
 def _layout(ctx: ModelContext) -> Layout:
     return detect_layout(ctx.config)
-
-
-def _is_pil_backend(image_processor: Any) -> bool:
-    from transformers.image_processing_backends import PilBackend
-
-    return isinstance(image_processor, PilBackend)
 
 
 class Ernie45VLModel:
@@ -105,11 +104,15 @@ class Ernie45VLModel:
                 kwargs["video_metadata"] = [video.metadata for video in videos]
             return processor(**{**kwargs, **hf_kwargs})
         if images and not videos:
-            fast = _native_uint8_images(mode, images, processor)
+            # ERNIE's image patches are Qwen2-VL's with a temporal patch of 1.
+            try:
+                fast = uint8_patches(mode, images, processor)
+            except ValueError:
+                fast = None  # an image transformers refuses too: it runs and says so itself
             if fast is not None:
                 return fast
         if videos:
-            kwargs.update(video_kwargs(videos))
+            kwargs.update(hf_video_kwargs(videos))
             if "do_sample_frames" not in kwargs and _sampling_keeps_every_frame(
                 processor.video_processor, videos, hf_kwargs
             ):
@@ -168,7 +171,7 @@ class Ernie45VLModel:
             token = processor.image_token_id
             updates.append(
                 PromptReplacement(
-                    "image", [token], _repeated(images, "image_grid_thw", token, merge)
+                    "image", [token], repeated_token(images, "image_grid_thw", token, merge)
                 )
             )
         if videos:
@@ -179,7 +182,7 @@ class Ernie45VLModel:
             token = processor.video_token_id
             updates.append(
                 PromptReplacement(
-                    "video", [token], _repeated(videos, "video_grid_thw", token, per_token)
+                    "video", [token], repeated_token(videos, "video_grid_thw", token, per_token)
                 )
             )
         return updates
@@ -235,48 +238,13 @@ class Ernie45VLModel:
         folder's settings (one frame of ``patch_size**2`` values per channel in a row)."""
         image_processor = processor.image_processor
         layout = ChannelLayout.flat_patches(int(image_processor.patch_size), 1)
-        if _layout(ctx) is Layout.CONVERTED and not _same_normalisation(
+        if _layout(ctx) is Layout.CONVERTED and not same_normalisation(
             image_processor, processor.video_processor
         ):
             # The raw-pixel switches reach both processors, and one spec cannot undo two
             # different normalisations: such folders normalise on the CPU.
             return None
         return NormSpec.from_image_processor(image_processor, layout=layout, pixel_keys=_PIXEL_KEYS)
-
-
-def _native_uint8_images(
-    mode: ProcessingMode, images: list[Any], processor: Any
-) -> Mapping[str, Any] | None:
-    """Converted-layout images in uint8, bit-identical to transformers' raw pixels, through the
-    qwen_vl plugin's native paths (ERNIE's image patches are Qwen2-VL's with a temporal patch of
-    1); None when the mode or the settings call for transformers itself."""
-    if not (mode.media_only and mode.raw_pixels and not mode.user_kwargs):
-        return None
-    from mmproc_qwen_vl.image_fast_path import patch_settings_from_processor, patchify_uint8
-    from mmproc_qwen_vl.torch_fast_path import (
-        is_torchvision_backend,
-        patchify_uint8_torch,
-        torch_patch_settings,
-    )
-
-    image_processor = processor.image_processor
-    try:
-        if _is_pil_backend(image_processor):
-            pixels, grids = patchify_uint8(images, **patch_settings_from_processor(image_processor))
-            return {
-                "pixel_values": torch.from_numpy(pixels),
-                "image_grid_thw": torch.from_numpy(grids).to(torch.long),
-            }
-        if mode.device_type == "cpu" and is_torchvision_backend(image_processor):
-            pixel_values, grid_thw = patchify_uint8_torch(
-                images, **torch_patch_settings(image_processor)
-            )
-            return {"pixel_values": pixel_values, "image_grid_thw": grid_thw}
-    except ValueError:
-        # Settings the native paths do not reproduce, or an image transformers refuses too
-        # (an aspect ratio over 200): transformers runs and says so itself.
-        return None
-    return None
 
 
 # Call keywords that change which frames transformers' video sampling takes.
@@ -297,18 +265,6 @@ def _sampling_keeps_every_frame(
     return all(video.num_frames <= int(video_processor.max_frames) for video in videos)
 
 
-def _repeated(
-    outputs: Sequence[Mapping[str, Any]], grid_key: str, token_id: int, per_token: int
-) -> Any:
-    """Item ``index``'s replacement: ``prod(grid) / per_token`` copies of ``token_id``."""
-
-    def expand(index: int) -> list[int]:
-        grid = torch.as_tensor(outputs[index][grid_key])
-        return [token_id] * (int(grid.prod()) // per_token)
-
-    return expand
-
-
 def _wrapped(
     outputs: Sequence[Mapping[str, Any]],
     grid_key: str,
@@ -324,12 +280,3 @@ def _wrapped(
         return PromptUpdateDetails.select_token_id(tokens, patch)
 
     return expand
-
-
-def _same_normalisation(a: Any, b: Any) -> bool:
-    names = ("do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std")
-    return all(_as_tuple(getattr(a, n, None)) == _as_tuple(getattr(b, n, None)) for n in names)
-
-
-def _as_tuple(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list | tuple) else value

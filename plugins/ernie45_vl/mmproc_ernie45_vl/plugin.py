@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mmproc import hookimpl
+from mmproc.plugin import hookimpl
 
 if TYPE_CHECKING:
-    from mmproc.registry import ModelRegistrar
+    from mmproc.plugin import ModelRegistrar
 
 ARCHITECTURE = "Ernie4_5_VLMoeForConditionalGeneration"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import mmproc
 import numpy as np
 import pytest
-from mmproc.media.samples import encode_video, numbered_frames
+from mmproc.testing.samples import encode_video, numbered_frames
 from mmproc_ernie45_vl.demo import write_converted_folder, write_original_folder
 
 

@@ -16,10 +16,10 @@ import mmproc
 import numpy as np
 import pytest
 import torch
-from mmproc.errors import ConfigurationError, MediaItemError, ProcessorLoadError
 from mmproc.inputs import parse_mm_data
-from mmproc.media.samples import encode_video, numbered_frames
+from mmproc.plugin import ConfigurationError, MediaItemError, ProcessorLoadError
 from mmproc.testing import assert_matches_hf, noise_image
+from mmproc.testing.samples import encode_video, numbered_frames
 from mmproc_ernie45_vl.demo import write_converted_folder
 from mmproc_ernie45_vl.model import CONVERTED_IMAGE_PLACEHOLDER, CONVERTED_VIDEO_PLACEHOLDER
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, AutoVideoProcessor

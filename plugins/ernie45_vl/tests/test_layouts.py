@@ -10,7 +10,7 @@ from typing import Any
 
 import mmproc
 import pytest
-from mmproc.errors import ProcessorLoadError
+from mmproc.plugin import ProcessorLoadError
 from mmproc_ernie45_vl.layout import Layout, detect_layout
 from mmproc_ernie45_vl.original import Ernie45VLOriginalProcessor
 from transformers.models.ernie4_5_vl_moe.processing_ernie4_5_vl_moe import Ernie4_5_VLMoeProcessor

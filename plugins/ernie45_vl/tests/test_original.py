@@ -16,11 +16,11 @@ import mmproc
 import numpy as np
 import pytest
 import torch
-from mmproc.errors import ConfigurationError, MediaItemError, ProcessorLoadError
 from mmproc.inputs import parse_mm_data
 from mmproc.media import VideoSampling
-from mmproc.media.samples import encode_video, numbered_frames
+from mmproc.plugin import ConfigurationError, MediaItemError, ProcessorLoadError
 from mmproc.testing import noise_image
+from mmproc.testing.samples import encode_video, numbered_frames
 from mmproc_ernie45_vl.demo import ORIGINAL_PREPROCESSOR, write_original_folder
 from mmproc_ernie45_vl.original import IMAGE_MARKER, VIDEO_MARKER, smart_resize, timestamp_text
 from PIL import Image, ImageDraw, ImageFont

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mmproc.testing import build_tokenizer, write_model_folder
+from mmproc.plugin import build_tokenizer, write_model_folder
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 __all__ = ["CHAT_TEMPLATE", "FEATURE_EXTRACTOR", "SPECIAL_TOKENS", "write_demo_folder"]

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmproc.context import ModelContext
-from mmproc.defaults import read_chat_template, read_json_object
-from mmproc.errors import ProcessorLoadError
+from mmproc.plugin import ModelContext, ProcessorLoadError, read_chat_template, read_json_object
 
 from mmproc_midashenglm.processor import MiDashengLMProcessor
 
@@ -64,18 +62,12 @@ def load_midashenglm_processor(ctx: ModelContext) -> MiDashengLMProcessor:
     kept = {
         k: v for k, v in settings.items() if k not in ("feature_extractor_type", "processor_class")
     }
-    try:
-        feature_extractor = Wav2Vec2FeatureExtractor(**kept)
-        # The folder's config names a model transformers does not know: the tokenizer is read
-        # from its own files, not through that config.
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(folder), local_files_only=True, config=PretrainedConfig()
-        )
-    except Exception as exc:
-        raise ProcessorLoadError(
-            f"{ctx.architecture} (plugin {ctx.plugin!r}): cannot build the processor from "
-            f"{folder}: {type(exc).__name__}: {exc}"
-        ) from exc
+    feature_extractor = Wav2Vec2FeatureExtractor(**kept)
+    # The folder's config names a model transformers does not know: the tokenizer is read
+    # from its own files, not through that config.
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(folder), local_files_only=True, config=PretrainedConfig()
+    )
     tokens: dict[str, str] = {}
     for name, default in _AUDIO_TOKEN_DEFAULTS.items():
         own = getattr(tokenizer, name, None)

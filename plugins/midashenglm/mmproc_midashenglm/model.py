@@ -13,11 +13,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mmproc import hookimpl
-from mmproc.context import ModelContext
-from mmproc.fields import BatchedField, FieldSpec, PaddedField
-from mmproc.media import AudioFormat, MediaFormat
-from mmproc.prompt_update import PromptReplacement, PromptUpdate, PromptUpdateDetails
+from mmproc.plugin import (
+    AudioFormat,
+    BatchedField,
+    FieldSpec,
+    MediaFormat,
+    ModelContext,
+    PaddedField,
+    PromptReplacement,
+    PromptUpdate,
+    PromptUpdateDetails,
+    hookimpl,
+)
 
 from mmproc_midashenglm.loading import load_midashenglm_processor
 

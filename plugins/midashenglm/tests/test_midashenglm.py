@@ -16,8 +16,8 @@ import pytest
 import soxr
 import torch
 from mmproc.engine import prepare_request
-from mmproc.errors import MediaItemError, ProcessorLoadError
-from mmproc.media.samples import encode_audio, tone
+from mmproc.plugin import MediaItemError, ProcessorLoadError
+from mmproc.testing.samples import encode_audio, tone
 from mmproc.wire import RequestReceiver, RequestSender
 from mmproc_midashenglm.demo import write_demo_folder
 from mmproc_midashenglm.model import AUDIO_PLACEHOLDER

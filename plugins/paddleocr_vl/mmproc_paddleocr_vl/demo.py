@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from mmproc.testing import build_tokenizer, resave_with_processor, write_model_folder
+from mmproc.plugin import build_tokenizer, resave_with_processor, write_model_folder
 
 __all__ = [
     "PADDLEOCR_VL_CHAT_TEMPLATE",

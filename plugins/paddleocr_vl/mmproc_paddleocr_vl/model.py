@@ -11,13 +11,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from mmproc import hookimpl
-from mmproc.context import ModelContext
-from mmproc.defaults import read_chat_template
-from mmproc.errors import ConfigurationError, ProcessorLoadError
-from mmproc.fields import BatchedField, FieldSpec, FlatField
-from mmproc.fused_norm import ChannelLayout, NormSpec
-from mmproc.prompt_update import PromptReplacement, PromptUpdate
+from mmproc.plugin import (
+    BatchedField,
+    ChannelLayout,
+    ConfigurationError,
+    FieldSpec,
+    FlatField,
+    ModelContext,
+    NormSpec,
+    ProcessorLoadError,
+    PromptReplacement,
+    PromptUpdate,
+    hookimpl,
+    read_chat_template,
+)
 
 __all__ = ["BACKENDS", "PaddleOCRVLModel"]
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from mmproc.testing import build_tokenizer, resave_with_processor, write_model_folder
+from mmproc.plugin import build_tokenizer, resave_with_processor, write_model_folder
 
 # AutoTokenizer rebuilds a Qwen2 tokenizer's pipeline from the vocabulary and merges with this
 # regex (ignoring the pre-tokenizer stored in tokenizer.json), so the demo's uses the very same.

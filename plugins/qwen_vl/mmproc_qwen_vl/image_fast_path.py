@@ -31,7 +31,6 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from mmproc.errors import MmprocError
 from PIL import Image
 
 __all__ = [
@@ -42,7 +41,9 @@ __all__ = [
     "image_token_count",
     "patch_settings_from_processor",
     "patchify_uint8",
+    "rgb_pixels",
     "smart_resize",
+    "to_rgb",
 ]
 
 # transformers' smart_resize refuses images whose long side exceeds 200 times the short side.
@@ -63,11 +64,12 @@ QWEN2_VL_PATCH_SETTINGS: Mapping[str, int] = MappingProxyType(
 _CHANNELS = 3
 
 
-class ImageSizeError(MmprocError, ValueError):
+class ImageSizeError(ValueError):
     """An image's size cannot be processed: a side not positive, or too extreme an aspect ratio.
 
-    A ``ValueError`` as transformers raises for the same images, and an ``MmprocError``. From
-    `patchify_uint8`, ``index`` is the item's position in the batch (and starts the message).
+    A ``ValueError``, as transformers raises for the same images: the core names the request's
+    item at fault, as for any processor failure. From `patchify_uint8`, ``index`` is the item's
+    position in the batch (and starts the message).
     """
 
     def __init__(self, message: str, *, height: int, width: int, index: int | None = None) -> None:
@@ -176,7 +178,7 @@ def patch_settings_from_processor(image_processor: Any) -> dict[str, int]:
     }
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
+def to_rgb(image: Image.Image) -> Image.Image:
     """RGB pixels exactly as transformers' PIL backend makes them (``convert_to_rgb``)."""
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
@@ -229,7 +231,7 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
 )
 
 
-def _rgb_pixels(image: Image.Image) -> tuple[np.ndarray, object]:
+def rgb_pixels(image: Image.Image) -> tuple[np.ndarray, object]:
     """(H, W, 3) uint8 pixels of an RGB image, and what must stay alive while they are read.
 
     Pillow (11.2+) exports an image held in one memory block through the Arrow C data
@@ -393,8 +395,8 @@ def patchify_uint8(
 
     row = 0
     for image, (height, width), count in zip(batch, sizes, counts, strict=True):
-        resized = _to_rgb(image).resize((width, height), resample=resample)
-        pixels, keep_alive = _rgb_pixels(resized)
+        resized = to_rgb(image).resize((width, height), resample=resample)
+        pixels, keep_alive = rgb_pixels(resized)
         _write_patches(
             pixels,
             pixel_values[row : row + count],

@@ -13,44 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmproc.context import ModelContext
-from mmproc.defaults import read_chat_template
-from mmproc.errors import ConfigurationError, ProcessorLoadError
+from mmproc.plugin import ModelContext, read_chat_template
 
-__all__ = [
-    "BACKENDS",
-    "chosen_backend",
-    "load_qwen_processor",
-    "qwen2_vl_image_processor_class",
-]
+from mmproc_qwen_vl.shared import chosen_backend, qwen2_vl_image_processor_class
 
-BACKENDS = ("torchvision", "pil")
+__all__ = ["load_qwen_processor"]
 
 _QWEN2_5_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
-
-
-def chosen_backend(ctx: ModelContext) -> str:
-    """The image backend option ``backend`` names (default ``"torchvision"``), checked."""
-    backend = ctx.option("backend") or "torchvision"
-    if backend not in BACKENDS:
-        raise ConfigurationError(
-            f"{ctx.architecture}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
-        )
-    return str(backend)
-
-
-def qwen2_vl_image_processor_class(backend: str) -> type[Any]:
-    """transformers' Qwen2-VL image processor class for ``backend`` (``"pil"`` or
-    ``"torchvision"``)."""
-    if backend == "pil":
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-            Qwen2VLImageProcessorPil,
-        )
-
-        return Qwen2VLImageProcessorPil
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-
-    return Qwen2VLImageProcessor
 
 
 def load_qwen_processor(ctx: ModelContext) -> Any:
@@ -71,24 +40,14 @@ def load_qwen_processor(ctx: ModelContext) -> Any:
             Qwen2VLProcessor as ProcessorClass,
         )
     extra = dict(ctx.processor_options.hf_processor_kwargs)
-    try:
-        image_processor = ImageProcessor.from_pretrained(
-            str(folder), local_files_only=True, **extra
-        )
-        video_processor = Qwen2VLVideoProcessor.from_pretrained(
-            str(folder), local_files_only=True, **extra
-        )
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        return ProcessorClass(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            video_processor=video_processor,
-            chat_template=read_chat_template(folder),
-        )
-    except (ConfigurationError, ProcessorLoadError):
-        raise
-    except Exception as exc:
-        raise ProcessorLoadError(
-            f"{ctx.architecture} (plugin {ctx.plugin!r}): cannot build the processor from "
-            f"{folder} with the {backend} backend: {type(exc).__name__}: {exc}"
-        ) from exc
+    image_processor = ImageProcessor.from_pretrained(str(folder), local_files_only=True, **extra)
+    video_processor = Qwen2VLVideoProcessor.from_pretrained(
+        str(folder), local_files_only=True, **extra
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return ProcessorClass(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=read_chat_template(folder),
+    )

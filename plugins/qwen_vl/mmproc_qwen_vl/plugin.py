@@ -1,6 +1,6 @@
 """Registration module of the qwen_vl plugin: light, imports no model code."""
 
-from mmproc import hookimpl
+from mmproc.plugin import hookimpl
 
 ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 

@@ -45,10 +45,10 @@ import torch
 from PIL import Image
 
 from mmproc_qwen_vl.image_fast_path import (
-    _rgb_pixels,
-    _to_rgb,
     copy_patches,
     resized_sizes,
+    rgb_pixels,
+    to_rgb,
 )
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def rgb_chw_uint8(image: Image.Image) -> torch.Tensor:
     copied once into channels-first order (transformers copies three times: ``convert``,
     ``np.array``, ``.contiguous()``).
     """
-    pixels, keep_alive = _rgb_pixels(_to_rgb(image))
+    pixels, keep_alive = rgb_pixels(to_rgb(image))
     height, width, _ = pixels.shape
     # Always a copy into fresh memory that numpy owns (np.ascontiguousarray would return the
     # 1x1 view itself, which counts as contiguous, and it dies with the converted image);

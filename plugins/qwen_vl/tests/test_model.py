@@ -59,3 +59,17 @@ def test_settings_the_uint8_path_cannot_reproduce_fall_back_to_transformers(
         assert torch.equal(
             out.features[0].data["pixel_values"], raw["pixel_values"].to(torch.uint8)
         )
+
+
+@pytest.mark.parametrize("backend", ["pil", "torchvision"])
+def test_an_image_the_model_refuses_is_named_by_its_index_in_the_request(
+    folder: Path, backend: str
+) -> None:
+    # A 300:1 image is one transformers refuses (aspect ratio over 200): the request's item 2,
+    # even when item 0 was cached and only items 1 and 2 reach the processor.
+    with mmproc.get_processor(folder, backend=backend) as proc:
+        proc.process(IMAGE, {"image": [picture(0)]})
+        with pytest.raises(mmproc.MediaItemError) as info:
+            proc.process(IMAGE * 3, {"image": [picture(0), picture(1), picture(2, (600, 2))]})
+    assert (info.value.modality, info.value.index) == ("image", 2)
+    assert "aspect ratio" in str(info.value)

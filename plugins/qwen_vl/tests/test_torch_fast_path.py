@@ -18,10 +18,9 @@ import mmproc
 import numpy as np
 import pytest
 import torch
-from mmproc.context import ProcessingMode
-from mmproc.fields import BatchedField, FlatField
+from mmproc.plugin import BatchedField, FlatField, ProcessingMode
 from mmproc.testing.conformance import assert_matches_hf
-from mmproc_qwen_vl import model as qwen_model
+from mmproc_qwen_vl import shared as qwen_shared
 from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 from mmproc_qwen_vl.image_fast_path import ImageSizeError
 from mmproc_qwen_vl.model import IMAGE_PLACEHOLDER, QwenVLModel
@@ -231,13 +230,13 @@ def reference(folder: Path) -> Any:
 
 def test_mmproc_takes_the_path(processor, reference, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    original = qwen_model.patchify_uint8_torch
+    original = qwen_shared.patchify_uint8_torch
 
     def spy(images: Any, **settings: Any) -> Any:
         calls.append(len(images))
         return original(images, **settings)
 
-    monkeypatch.setattr(qwen_model, "patchify_uint8_torch", spy)
+    monkeypatch.setattr(qwen_shared, "patchify_uint8_torch", spy)
     rng = np.random.default_rng(40)
     images = [
         noise(1, 1, seed=41),
@@ -289,10 +288,10 @@ def test_taken_only_when_the_mode_asks_for_raw_media_alone_on_the_cpu(
     video = {**mm, "video": [np.zeros((2, 28, 28, 3), np.uint8)]}
     assert model.process_mm_data(raw, video, hf) is None
     with mmproc.get_processor(folder, backend="torchvision", device_normalize=False) as proc:
-        original = qwen_model.patchify_uint8_torch
+        original = qwen_shared.patchify_uint8_torch
         try:
-            qwen_model.patchify_uint8_torch = None  # type: ignore[assignment]  # must not be used
+            qwen_shared.patchify_uint8_torch = None  # type: ignore[assignment]  # must not be used
             out = proc.process(IMAGE, {"image": images})
         finally:
-            qwen_model.patchify_uint8_torch = original
+            qwen_shared.patchify_uint8_torch = original
         assert out.features[0].data["pixel_values"].dtype == torch.float32

@@ -11,11 +11,10 @@ from pathlib import Path
 import mmproc
 import pytest
 import torch
-from mmproc.defaults import video_kwargs
-from mmproc.errors import MediaItemError
 from mmproc.inputs import parse_mm_data
 from mmproc.media import MediaOptions
-from mmproc.media.samples import encode_video, numbered_frames
+from mmproc.plugin import MediaItemError, hf_video_kwargs
+from mmproc.testing.samples import encode_video, numbered_frames
 from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
@@ -39,7 +38,7 @@ def test_an_mp4_runs_end_to_end_as_transformers_processes_its_frames(
         out = processor.process(prompt, {"video": [str(clip)]})
         (decoded,) = parse_mm_data({"video": [str(clip)]}, media=processor.media)["video"]
         reference = processor.hf_processor(
-            text=[prompt], **video_kwargs([decoded]), return_tensors="pt"
+            text=[prompt], **hf_video_kwargs([decoded]), return_tensors="pt"
         )
     # 2 fps over 3 s: 6 frames, an even count; frames are 1 / 2 s apart.
     assert decoded.metadata is not None

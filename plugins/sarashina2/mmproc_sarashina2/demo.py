@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mmproc.testing import build_tokenizer, write_model_folder
+from mmproc.plugin import build_tokenizer, write_model_folder
 
 __all__ = ["CHAT_TEMPLATE", "PREPROCESSOR", "SPECIAL_TOKENS", "write_demo_folder"]
 

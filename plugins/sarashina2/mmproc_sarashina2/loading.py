@@ -23,10 +23,13 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from mmproc.context import ModelContext
-from mmproc.defaults import read_chat_template, read_json_object
-from mmproc.errors import ConfigurationError, ProcessorLoadError
-from mmproc_qwen_vl.loading import chosen_backend, qwen2_vl_image_processor_class
+from mmproc.plugin import (
+    ModelContext,
+    ProcessorLoadError,
+    read_chat_template,
+    read_json_object,
+)
+from mmproc_qwen_vl.shared import chosen_backend, qwen2_vl_image_processor_class
 from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
 
 __all__ = [
@@ -167,24 +170,16 @@ def load_sarashina2_processor(ctx: ModelContext) -> Sarashina2VisionProcessor:
     preprocessor = read_json_object(ctx, "preprocessor_config.json")
     settings = {key: preprocessor[key] for key in _IMAGE_SETTINGS if key in preprocessor}
     settings.update(ctx.processor_options.hf_processor_kwargs)
-    try:
-        # The folder's config names a model transformers does not know: the tokenizer is read from
-        # its own files (tokenizer_config.json says which class), not through that config.
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(folder), local_files_only=True, config=PretrainedConfig()
-        )
-        check_image_markers(ctx, tokenizer)
-        image_processor = install_preprocess_kwarg_filter(ImageProcessor(**settings))
-        return Sarashina2VisionProcessor(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            chat_template=read_chat_template(folder),
-            image_token=IMAGE_MARKERS["image_token_index"],
-        )
-    except (ConfigurationError, ProcessorLoadError):
-        raise
-    except Exception as exc:
-        raise ProcessorLoadError(
-            f"{ctx.architecture} (plugin {ctx.plugin!r}): cannot build the processor from "
-            f"{folder} with the {backend} backend: {type(exc).__name__}: {exc}"
-        ) from exc
+    # The folder's config names a model transformers does not know: the tokenizer is read from
+    # its own files (tokenizer_config.json says which class), not through that config.
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(folder), local_files_only=True, config=PretrainedConfig()
+    )
+    check_image_markers(ctx, tokenizer)
+    image_processor = install_preprocess_kwarg_filter(ImageProcessor(**settings))
+    return Sarashina2VisionProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        chat_template=read_chat_template(folder),
+        image_token=IMAGE_MARKERS["image_token_index"],
+    )

@@ -1,6 +1,6 @@
 """Registration module of the sarashina2 plugin: light, imports no model code."""
 
-from mmproc import hookimpl
+from mmproc.plugin import hookimpl
 
 
 @hookimpl

@@ -16,7 +16,7 @@ from typing import Any
 import mmproc
 import pytest
 import torch
-from mmproc.errors import ProcessorLoadError
+from mmproc.plugin import ProcessorLoadError
 from mmproc.testing import noise_image
 from mmproc.testing.probes import links_to_original
 from mmproc_sarashina2.demo import PREPROCESSOR, write_demo_folder
@@ -215,3 +215,17 @@ def test_a_filtered_processor_deep_copies_into_an_independent_one(folder: Path) 
         out = clone(text=[PROMPT], images=[image], do_pad=True, size={"longest_edge": 1})
         want = original(text=[PROMPT], images=[image])
         assert torch.equal(out["pixel_values"], want["pixel_values"])
+
+
+@pytest.mark.parametrize("backend", ["pil", "torchvision"])
+def test_an_image_the_model_refuses_is_named_by_its_index_in_the_request(
+    folder: Path, backend: str
+) -> None:
+    # Items 0 and 1 cached, item 2 at 300:1 (transformers refuses over 200): item 2 is named.
+    images = [noise_image(90, 60, seed=1), noise_image(60, 90, seed=2), noise_image(600, 2)]
+    with mmproc.get_processor(folder, backend=backend) as proc:
+        proc.process(IMAGE_PLACEHOLDER * 2, {"image": images[:2]})
+        with pytest.raises(mmproc.MediaItemError) as info:
+            proc.process(IMAGE_PLACEHOLDER * 3, {"image": images})
+    assert (info.value.modality, info.value.index) == ("image", 2)
+    assert "aspect ratio" in str(info.value)

@@ -11,11 +11,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmproc import hookimpl
-from mmproc.context import ProcessingMode
-from mmproc.fields import BatchedField, FieldSpec
-from mmproc.prompt_update import PromptReplacement, PromptUpdate
-from mmproc.testing import build_tokenizer, write_model_folder
+from mmproc.plugin import (
+    BatchedField,
+    FieldSpec,
+    ProcessingMode,
+    PromptReplacement,
+    PromptUpdate,
+    build_tokenizer,
+    hookimpl,
+    write_model_folder,
+)
 
 CROP = 112
 

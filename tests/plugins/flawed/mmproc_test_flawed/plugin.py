@@ -7,10 +7,12 @@ the caller's per-request ``hf_kwargs``. ``fixed_blank`` returns blank pixels: pr
 tensors not what HF gives.
 """
 
-from mmproc import hookimpl
+from mmproc.plugin import ModelRegistrar, hookimpl
 
 
-def _register(registry, plugin: str, architecture: str, model: str, demo: str) -> None:  # type: ignore[no-untyped-def]
+def _register(
+    registry: ModelRegistrar, plugin: str, architecture: str, model: str, demo: str
+) -> None:
     registry.register(architecture, f"mmproc_test_flawed.{model}")
     registry.register_demo(
         plugin.replace("_", "-"), f"mmproc_test_flawed.{demo}", description="flawed test model"

@@ -12,10 +12,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmproc import hookimpl
-from mmproc.fields import BatchedField, FieldSpec, PaddedField
-from mmproc.prompt_update import PromptReplacement, PromptUpdate
-from mmproc.testing import build_tokenizer, write_model_folder
+from mmproc.plugin import (
+    BatchedField,
+    FieldSpec,
+    PaddedField,
+    PromptReplacement,
+    PromptUpdate,
+    build_tokenizer,
+    hookimpl,
+    write_model_folder,
+)
 
 TILE = 56
 PINPOINTS = [[56, 112], [112, 56], [112, 112], [56, 168], [168, 56]]
