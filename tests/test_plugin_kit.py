@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from mmproc.cli import main
 from mmproc.errors import ConfigurationError
-from mmproc.scaffold import write_plugin
+from mmproc.scaffold import TEMPLATES, write_plugin
 
 ARCH = "KitTestForConditionalGeneration"
 FLAWED = Path(__file__).parent / "plugins" / "flawed"
@@ -74,8 +74,8 @@ FLAWS = {
     "kit_heavy": (
         (
             "plugin.py",
-            "from mmproc.plugin import hookimpl",
-            "import torch  # noqa: F401\nfrom mmproc.plugin import hookimpl",
+            "from mmproc.plugin import ModelRegistrar, hookimpl",
+            "import torch  # noqa: F401\nfrom mmproc.plugin import ModelRegistrar, hookimpl",
         ),
         "test_the_entry_point_module_imports_nothing_heavy",
         "imports torch",
@@ -144,15 +144,72 @@ def run_pytest(tests: Path, site: Path, cwd: Path) -> subprocess.CompletedProces
     )
 
 
-def test_new_plugin_output_passes_its_own_tests_from_a_wheel(tmp_path: Path) -> None:
-    assert (
-        main(["new-plugin", "kit_good", "--architecture", ARCH, "--path", str(tmp_path / "src")])
-        == 0
-    )
-    install([tmp_path / "src"], tmp_path / "site")
-    result = run_pytest(tmp_path / "src" / "tests", tmp_path / "site", cwd=tmp_path)
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_new_plugin_output_passes_its_own_tests_from_a_wheel(tmp_path: Path, template: str) -> None:
+    source = tmp_path / "src"
+    args = ["new-plugin", "kit_good", "--architecture", ARCH, "--path", str(source)]
+    assert main([*args, "--template", template]) == 0
+    install([source], tmp_path / "site")
+    result = run_pytest(source / "tests", tmp_path / "site", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
+    assert " skipped" not in result.stdout  # device normalisation and every check apply
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_new_plugin_output_passes_ruff_with_its_defaults_and_ours(
+    tmp_path: Path, template: str
+) -> None:
+    source = write_plugin("kit_lint", ARCH, tmp_path / "src", template=template)
+    ours = ["--select", "E,F,W,I,B,UP,RUF", "--ignore", "RUF001,RUF002,RUF003"]
+    for command in (
+        ["check", "--isolated"],  # ruff's default rules
+        ["check", "--isolated", "--line-length", "100", *ours],  # mmproc's
+        ["check"],  # the generated pyproject's
+        ["format", "--check", "--isolated"],
+        ["format", "--check"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--no-cache", "."],
+            capture_output=True,
+            text=True,
+            cwd=source,
+        )
+        assert result.returncode == 0, (command, result.stdout + result.stderr)
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_new_plugin_output_imports_only_the_plugin_face_and_in_tests_the_kit(
+    tmp_path: Path, template: str
+) -> None:
+    import ast
+
+    source = write_plugin("kit_face", ARCH, tmp_path / "src", template=template)
+    for path in source.rglob("*.py"):
+        allowed = {"mmproc.plugin"} | (
+            {"mmproc", "mmproc.testing.suite"} if "tests" in path.parts else set()
+        )
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                if name == "mmproc" or name.startswith("mmproc."):
+                    assert name in allowed, f"{path.relative_to(source)} imports {name}"
+
+
+def test_new_plugin_refuses_an_unknown_template(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigurationError, match="unknown template 'tiles'; the templates are: "):
+        write_plugin("ok", ARCH, tmp_path / "a", template="tiles")
+    with pytest.raises(SystemExit):
+        main(["new-plugin", "ok", "--architecture", ARCH, "--template", "tiles"])
+    assert "invalid choice: 'tiles'" in capsys.readouterr().err
 
 
 def test_the_conformance_suite_names_the_problem_of_each_broken_plugin(tmp_path: Path) -> None:

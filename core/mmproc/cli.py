@@ -114,8 +114,8 @@ def _cmd_which(args: argparse.Namespace) -> int:
 def _cmd_new_plugin(args: argparse.Namespace) -> int:
     from mmproc.scaffold import write_plugin
 
-    folder = write_plugin(args.name, args.architecture, args.path)
-    print(f"wrote {folder}: plugin {args.name!r} serving {args.architecture}")
+    folder = write_plugin(args.name, args.architecture, args.path, template=args.template)
+    print(f"wrote {folder}: plugin {args.name!r} serving {args.architecture} ({args.template})")
     print(f"next: pip install -e '{folder}[test]' && pytest {folder}")
     return 0
 
@@ -177,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     new_plugin.add_argument("--architecture", required=True, help="architecture it serves")
     new_plugin.add_argument(
         "--path", default=None, help="folder to write (default ./mmproc-<name>)"
+    )
+    from mmproc.scaffold import TEMPLATES
+
+    new_plugin.add_argument(
+        "--template",
+        choices=sorted(TEMPLATES),
+        default="image",
+        help="what to start from: "
+        + "; ".join(f"{key}: {what}" for key, what in TEMPLATES.items())
+        + " (default image)",
     )
     new_plugin.set_defaults(run=_cmd_new_plugin)
 
