@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from mmproc.errors import FieldSpecError
 from mmproc.fields import (
     BatchedField,
+    FieldSpec,
     FlatField,
     PaddedField,
     SharedField,
@@ -292,3 +294,109 @@ def test_padded_lengths_that_do_not_fit_name_the_key() -> None:
         field.split("input_values", values, 2, {"audio_length": torch.tensor([3, 5])})
     with pytest.raises(FieldSpecError, match="length key 'audio_length' is not in the outputs"):
         field.split("input_values", values, 2, {})
+
+
+def tiles_per_image(outputs: dict[str, Any]) -> list[int]:
+    """LLaVA-OneVision-like: one tile per 2x2 cell of the image, plus the base image."""
+    return [1 + (h // 2) * (w // 2) for h, w in outputs["image_sizes"].tolist()]
+
+
+def padded_tiles() -> dict[str, Any]:
+    """Three images' tiles (3 channels, 2x2 pixels), padded to the batch's 5 tiles."""
+    counts = [2, 5, 1]
+    pixel_values = torch.zeros(3, 5, 3, 2, 2)
+    for i, n in enumerate(counts):
+        pixel_values[i, :n] = torch.arange(n * 12, dtype=torch.float32).reshape(n, 3, 2, 2) + i
+    return {"pixel_values": pixel_values, "image_sizes": torch.tensor([[2, 2], [4, 4], [1, 1]])}
+
+
+def test_padded_tiles_take_their_lengths_from_a_callable_of_the_outputs() -> None:
+    outputs = padded_tiles()
+    fields = {
+        "pixel_values": PaddedField("image", lengths=tiles_per_image, dim=1),
+        "image_sizes": BatchedField("image"),
+    }
+    items = split_outputs(outputs, fields, {"image": 3})["image"]
+    assert [tuple(item["pixel_values"].shape) for item in items] == [
+        (2, 3, 2, 2),
+        (5, 3, 2, 2),
+        (1, 3, 2, 2),
+    ]
+    assert torch.equal(items[1]["pixel_values"], outputs["pixel_values"][1])
+    assert torch.equal(join_items(items, fields)["pixel_values"], outputs["pixel_values"])
+    # A sequence of lengths works the same, and no output has to hold them.
+    listed = PaddedField("image", lengths=[2, 5, 1], dim=1)
+    parts = listed.split("pixel_values", outputs["pixel_values"], 3, outputs)
+    assert [len(part) for part in parts] == [2, 5, 1]
+
+
+def test_a_padded_field_needs_exactly_one_of_length_key_and_lengths() -> None:
+    with pytest.raises(FieldSpecError, match=r"PaddedField\('image'\) needs exactly one of"):
+        PaddedField("image")
+    with pytest.raises(FieldSpecError, match=r"PaddedField\('image'\) needs exactly one of"):
+        PaddedField("image", "image_sizes", lengths=[1])
+
+
+def test_padded_lengths_from_a_callable_that_do_not_fit_name_the_key() -> None:
+    field = PaddedField("image", lengths=lambda outputs: [6, 1], dim=1)
+    with pytest.raises(FieldSpecError, match=r"'pixel_values' \(padded, image\): lengths \[6, 1\]"):
+        field.split("pixel_values", torch.zeros(2, 5, 3), 2, {})
+
+
+@pytest.mark.parametrize(("positive", "negative"), [(1, -2), (2, -1)])
+def test_positive_and_negative_padded_dims_count_the_batched_value_and_agree(
+    positive: int, negative: int
+) -> None:
+    values = torch.arange(2 * 5 * 5, dtype=torch.float32).reshape(2, 5, 5)
+    outputs = {"n": torch.tensor([2, 5])}
+    want = [(2, 5), (5, 5)] if positive == 1 else [(5, 2), (5, 5)]
+    for dim in (positive, negative):
+        field = PaddedField("audio", "n", dim=dim)
+        parts = field.split("x", values, 2, outputs)
+        assert [tuple(part.shape) for part in parts] == want, dim
+        rejoined = field.join("x", parts)
+        assert rejoined.shape == values.shape, dim
+        keep = torch.arange(5)[None, :] < torch.tensor([2, 5])[:, None]  # (2, 5): unpadded
+        mask = keep[:, :, None] if positive == 1 else keep[:, None, :]
+        assert torch.equal(rejoined, values * mask), dim
+        arrays = field.join("x", [part.numpy() for part in parts])
+        assert np.array_equal(arrays, rejoined.numpy()), dim
+
+
+def test_the_issue_s_shapes_for_dim_1() -> None:
+    values = torch.zeros(2, 5, 3)
+    parts = PaddedField("audio", "n", dim=1).split("x", values, 2, {"n": [2, 5]})
+    assert [tuple(part.shape) for part in parts] == [(2, 3), (5, 3)]
+
+
+def test_a_padded_dim_naming_the_batch_dimension_is_refused() -> None:
+    with pytest.raises(FieldSpecError, match="dim 0 is the batch"):
+        PaddedField("audio", "n", dim=0)
+    with pytest.raises(FieldSpecError, match=r"dim -3 of a 3-d value is the batch"):
+        PaddedField("audio", "n", dim=-3).split("x", torch.zeros(2, 5, 3), 2, {"n": [1, 1]})
+    with pytest.raises(FieldSpecError, match=r"dim 3 is out of range for a 3-d value"):
+        PaddedField("audio", "n", dim=3).split("x", torch.zeros(2, 5, 3), 2, {"n": [1, 1]})
+
+
+@dataclasses.dataclass(frozen=True)
+class EveryOtherRow(FieldSpec):
+    """A field of one's own: items interleaved row by row (item i has rows i, i + N, ...)."""
+
+    modality: str
+
+    def split(self, key: str, value: Any, count: int, outputs: Any) -> list[Any]:
+        return [value[i::count] for i in range(count)] if count else []
+
+    def join(self, key: str, values: Any) -> Any:
+        return torch.stack(list(values), dim=1).reshape(-1, *values[0].shape[1:])
+
+
+def test_a_field_of_ones_own_that_keeps_the_contract_splits_and_joins_like_the_built_in_ones() -> (
+    None
+):
+    value = torch.arange(12).reshape(6, 2)  # 3 items, 2 rows each, interleaved
+    fields = {"x": EveryOtherRow("image")}
+    items = split_outputs({"x": value}, fields, {"image": 3})["image"]
+    assert [item["x"][:, 0].tolist() for item in items] == [[0, 6], [2, 8], [4, 10]]
+    assert torch.equal(join_items(items, fields)["x"], value)
+    assert split_outputs({}, fields, {"image": 0}) == {"image": []}

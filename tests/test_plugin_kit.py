@@ -5,12 +5,16 @@ The broken plugins are the scaffold's output with one mistake each, the ones aut
 kwarg filter closing over the original processor, a ``process_mm_data`` reading a stored
 processor, a heavy import in the entry-point module, a placeholder count one off, a required hook
 left out. Each is built as a wheel and installed into a folder of its own, and pytest runs the
-suite on it in a fresh interpreter.
+suite on it in a fresh interpreter. The test distribution ``tests/plugins/flawed`` holds more: a
+tiling model that keeps padded tiles whole, one deaf to per-request ``hf_kwargs`` and one with
+blank pixels, next to the tiling model done right.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +22,10 @@ from pathlib import Path
 import pytest
 from mmproc.cli import main
 from mmproc.errors import ConfigurationError
-from mmproc.scaffold import write_plugin
+from mmproc.scaffold import TEMPLATES, write_plugin
 
 ARCH = "KitTestForConditionalGeneration"
+FLAWED = Path(__file__).parent / "plugins" / "flawed"
 
 CLOSURE_FILTER = """
     @hookimpl
@@ -69,8 +74,8 @@ FLAWS = {
     "kit_heavy": (
         (
             "plugin.py",
-            "from mmproc.plugin import hookimpl",
-            "import torch  # noqa: F401\nfrom mmproc.plugin import hookimpl",
+            "from mmproc.plugin import ModelRegistrar, hookimpl",
+            "import torch  # noqa: F401\nfrom mmproc.plugin import ModelRegistrar, hookimpl",
         ),
         "test_the_entry_point_module_imports_nothing_heavy",
         "imports torch",
@@ -105,38 +110,106 @@ def install(sources: list[Path], site: Path) -> None:
     )
 
 
-def run_mmproc(code: str, site: Path) -> subprocess.CompletedProcess[str]:
-    """``code`` in a fresh interpreter that sees the wheels installed in ``site``."""
-    env = {**os.environ, "PYTHONPATH": str(site)}
+def site_env(site: Path) -> dict[str, str]:
+    """The environment of a fresh interpreter that sees the wheels installed in ``site`` (ahead
+    of this one's path, so the mmproc under test is the one it imports) and every plugin."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+    }
     env.pop("MMPROC_PLUGINS", None)
+    return env
+
+
+def run_mmproc(code: str, site: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter (with ``flags``, e.g. ``-O``) that sees ``site``."""
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, *flags, "-c", code],
+        capture_output=True,
+        text=True,
+        env=site_env(site),
+        timeout=300,
     )
 
 
 def run_pytest(tests: Path, site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     """pytest on ``tests`` in a fresh interpreter that sees the wheels installed in ``site``."""
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    env.pop("MMPROC_PLUGINS", None)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfs", str(tests)],
         capture_output=True,
         text=True,
-        env=env,
+        env=site_env(site),
         cwd=cwd,  # not the sources' folder: the wheel's copy is the one imported
         timeout=600,
     )
 
 
-def test_new_plugin_output_passes_its_own_tests_from_a_wheel(tmp_path: Path) -> None:
-    assert (
-        main(["new-plugin", "kit_good", "--architecture", ARCH, "--path", str(tmp_path / "src")])
-        == 0
-    )
-    install([tmp_path / "src"], tmp_path / "site")
-    result = run_pytest(tmp_path / "src" / "tests", tmp_path / "site", cwd=tmp_path)
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_new_plugin_output_passes_its_own_tests_from_a_wheel(tmp_path: Path, template: str) -> None:
+    source = tmp_path / "src"
+    args = ["new-plugin", "kit_good", "--architecture", ARCH, "--path", str(source)]
+    assert main([*args, "--template", template]) == 0
+    install([source], tmp_path / "site")
+    result = run_pytest(source / "tests", tmp_path / "site", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
+    assert " skipped" not in result.stdout  # device normalisation and every check apply
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_new_plugin_output_passes_ruff_with_its_defaults_and_ours(
+    tmp_path: Path, template: str
+) -> None:
+    source = write_plugin("kit_lint", ARCH, tmp_path / "src", template=template)
+    ours = ["--select", "E,F,W,I,B,UP,RUF", "--ignore", "RUF001,RUF002,RUF003"]
+    for command in (
+        ["check", "--isolated"],  # ruff's default rules
+        ["check", "--isolated", "--line-length", "100", *ours],  # mmproc's
+        ["check"],  # the generated pyproject's
+        ["format", "--check", "--isolated"],
+        ["format", "--check"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--no-cache", "."],
+            capture_output=True,
+            text=True,
+            cwd=source,
+        )
+        assert result.returncode == 0, (command, result.stdout + result.stderr)
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_new_plugin_output_imports_only_the_plugin_face_and_in_tests_the_kit(
+    tmp_path: Path, template: str
+) -> None:
+    import ast
+
+    source = write_plugin("kit_face", ARCH, tmp_path / "src", template=template)
+    for path in source.rglob("*.py"):
+        allowed = {"mmproc.plugin"} | (
+            {"mmproc", "mmproc.testing.suite"} if "tests" in path.parts else set()
+        )
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                if name == "mmproc" or name.startswith("mmproc."):
+                    assert name in allowed, f"{path.relative_to(source)} imports {name}"
+
+
+def test_new_plugin_refuses_an_unknown_template(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigurationError, match="unknown template 'tiles'; the templates are: "):
+        write_plugin("ok", ARCH, tmp_path / "a", template="tiles")
+    with pytest.raises(SystemExit):
+        main(["new-plugin", "ok", "--architecture", ARCH, "--template", "tiles"])
+    assert "invalid choice: 'tiles'" in capsys.readouterr().err
 
 
 def test_the_conformance_suite_names_the_problem_of_each_broken_plugin(tmp_path: Path) -> None:
@@ -200,3 +273,132 @@ def test_which_check_runs_a_request_per_modality_through_both_paths_and_hf(
     assert "(hooks and one request per modality checked)" in out
     assert "image: ok (the cached path, HF expansion and HF agree)" in out
     assert "video: ok (the cached path, HF expansion and HF agree)" in out
+
+
+def test_which_check_builds_the_processors_with_the_options_given(
+    qwen_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["which", str(qwen_folder), "--check", "--option", "backend=pil", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["options"] == {"backend": "pil"}
+    assert record["checked"] == "hooks and one request per modality with backend='pil'"
+    assert record["requests"] == {"image": "ok", "video": "ok"}
+
+
+def test_which_check_options_that_do_not_fit_are_errors_naming_them(
+    qwen_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["which", str(qwen_folder), "--check", "--option", "hash_algo=xxh3"]) == 2
+    assert "did you mean 'hash_algorithm'" in capsys.readouterr().err
+    assert main(["which", str(qwen_folder), "--check", "--option", "workers=2"]) == 2
+    assert "mmproc which --check sets workers itself" in capsys.readouterr().err
+    assert main(["which", "Qwen2VLForConditionalGeneration", "--option", "backend=pil"]) == 2
+    assert "--option goes with --check on a model folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["which", str(qwen_folder), "--check", "--option", "novalue"])
+    assert "option must be KEY=VALUE" in capsys.readouterr().err
+
+
+# --- the flawed test plugins ----------------------------------------------------------------------
+
+FLAWED_SUITES = """
+from mmproc.testing.suite import PluginConformance
+
+
+class TestTiles(PluginConformance):
+    plugin = "tiles"
+    model = "demo:tiles"
+
+
+class TestTilesBatched(PluginConformance):
+    plugin = "tiles_batched"
+    model = "demo:tiles-batched"
+
+
+class TestFixedDeaf(PluginConformance):
+    plugin = "fixed_deaf"
+    model = "demo:fixed-deaf"
+    request_kwargs = {"size": {"shortest_edge": 56}, "crop_size": {"height": 56, "width": 56}}
+"""
+
+
+@pytest.fixture(scope="module")
+def flawed_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The flawed test plugins, built as a wheel and installed into a folder of their own."""
+    root = tmp_path_factory.mktemp("flawed")
+    # From a copy, so that no build/ or egg-info folders land in the source tree.
+    source = shutil.copytree(FLAWED, root / "source")
+    install([source], root / "site")
+    return root / "site"
+
+
+@pytest.fixture(scope="module")
+def flawed_suite(flawed_site: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """pytest's report of the conformance suite on the flawed plugins (one run for all)."""
+    root = tmp_path_factory.mktemp("flawed-tests")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_flawed.py").write_text(FLAWED_SUITES)
+    result = run_pytest(root / "tests", flawed_site, cwd=root)
+    assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-2000:]
+    return result.stdout
+
+
+def failures_of(report: str, cls: str) -> list[str]:
+    """The ``FAILED`` lines of the suite class ``cls``."""
+    return [
+        line
+        for line in report.splitlines()
+        if line.startswith(f"FAILED tests/test_flawed.py::{cls}::")
+    ]
+
+
+def test_a_plugin_that_cuts_padded_tiles_per_item_passes_the_suite(flawed_suite: str) -> None:
+    assert failures_of(flawed_suite, "TestTiles") == [], flawed_suite[-3000:]
+    assert "TestTiles::test_an_item_in_a_batch_of_others_equals_the_item_processed_alone" not in (
+        flawed_suite
+    )
+
+
+def test_a_plugin_that_keeps_padded_tiles_whole_fails_the_suite_naming_get_mm_fields(
+    flawed_suite: str,
+) -> None:
+    failed = failures_of(flawed_suite, "TestTilesBatched")
+    assert [line.split("::")[2].split()[0] for line in failed] == [
+        "test_an_item_in_a_batch_of_others_equals_the_item_processed_alone"
+    ], flawed_suite[-3000:]
+    assert (
+        "image item 1 of 3 processed together (with others of other sizes) and the same item"
+        in (flawed_suite)
+    )
+    assert "shape (5, 3, 56, 56) vs (4, 3, 56, 56)" in flawed_suite
+    assert "check get_mm_fields (an output padded to the batch's longest needs PaddedField" in (
+        flawed_suite
+    )
+
+
+def test_a_plugin_that_ignores_request_kwargs_fails_the_suite_naming_process_mm_data(
+    flawed_suite: str,
+) -> None:
+    failed = failures_of(flawed_suite, "TestFixedDeaf")
+    assert [line.split("::")[2].split()[0] for line in failed] == [
+        "test_per_request_hf_kwargs_match_the_hf_processor_called_with_them"
+    ], flawed_suite[-3000:]
+    assert "(process_mm_data must pass the request's hf_kwargs on to the HF processor" in (
+        flawed_suite
+    )
+
+
+def test_which_check_fails_a_plugin_that_differs_from_hf_under_python_O(
+    flawed_site: Path, tmp_path: Path
+) -> None:
+    code = (
+        "import sys; from mmproc.registry import get_registry; from mmproc.cli import main; "
+        "print('debug', __debug__); "
+        f"folder = get_registry().demo_model('fixed-blank').write({str(tmp_path / 'blank')!r}); "
+        "sys.exit(main(['which', str(folder), '--check']))"
+    )
+    check = run_mmproc(code, flawed_site, "-O")
+    assert "debug False" in check.stdout  # asserts are off in that interpreter
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "image: against the HF processor called directly:" in check.stdout
+    assert "'pixel_values' differs from HF's: check process_mm_data" in check.stdout

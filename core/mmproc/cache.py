@@ -186,17 +186,36 @@ class CachedItem:
 
 @dataclass(frozen=True, slots=True)
 class CacheStats:
-    """A snapshot of a cache's counters."""
+    """A snapshot of a cache's counters: :meth:`ProcessorCache.stats`, which a processor offers
+    as ``processor.cache.stats()``.
+
+    The counters only grow over the cache's life (:meth:`ProcessorCache.clear` drops entries,
+    not counts), so a test or a dashboard compares two snapshots::
+
+        before = processor.cache.stats()
+        processor.process(prompt, {"image": [image]})
+        assert processor.cache.stats().hits == before.hits + 1  # served from the cache
+
+    ``entries``, ``nbytes`` and ``max_bytes`` say what the cache holds at the snapshot.
+    """
 
     hits: int
+    """Keys found by lookups: one per cached item of a request (a retry that finds a key that
+    missed before turns that miss into a hit)."""
     misses: int
+    """Keys not found by lookups: the items a request had to compute."""
     inserts: int
+    """Items cached."""
     evictions: int
+    """Items dropped to make room, least recently used first."""
     rejected: int
     """Entries not cached: larger than the cache, or only fitting by evicting protected ones."""
     entries: int
+    """Items held at the snapshot."""
     nbytes: int
+    """Bytes those items hold (their arrays' and tensors' ``nbytes``)."""
     max_bytes: int
+    """The bound in bytes (the ``cache_bytes`` option; 0: the cache is off)."""
 
     @property
     def hit_rate(self) -> float:
@@ -346,7 +365,8 @@ class ProcessorCache:
             self._nbytes = 0
 
     def stats(self) -> CacheStats:
-        """Return a consistent snapshot of the counters."""
+        """Return a consistent snapshot of the counters (all read under one lock): hits,
+        misses, inserts, evictions, rejections, and the entries and bytes held now."""
         with self._lock:
             return CacheStats(
                 hits=self._hits,

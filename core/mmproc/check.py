@@ -4,7 +4,8 @@ Beyond the class checks done at lookup (hooks marked, named and declared as the 
 check builds the processor from the folder and, for every modality the model takes, sends one
 request of two demo items through the cached path, the HF-expansion path and the HF processor
 called directly. The first difference is reported with the hook to look at; agreement is one
-line per modality.
+line per modality. ``assert_matches_hf`` raises its findings (never an ``assert`` statement), so
+the check reports them under ``python -O`` too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from mmproc.errors import MmprocError
 from mmproc.processor import ProcessedInputs, Processor
 
-__all__ = ["check_model_folder"]
+__all__ = ["MANAGED_OPTIONS", "check_model_folder"]
 
 
 def _differences(a: ProcessedInputs, b: ProcessedInputs) -> str | None:
@@ -71,10 +72,30 @@ def _first_problem(
     return None if problem is None else f"cached and HF-expansion paths: {problem}"
 
 
+# Options the check decides itself, and why.
+MANAGED_OPTIONS = {
+    "workers": "one worker each",
+    "warm_up": "no clones made ahead",
+    "hf_prompt_expansion": "both paths are checked",
+}
+
+
 def check_model_folder(folder: Path, **options: Any) -> list[tuple[str, str | None]]:
-    """``(modality, problem or None)`` for each modality the model in ``folder`` takes."""
+    """``(modality, problem or None)`` for each modality the model in ``folder`` takes.
+
+    ``options`` are ``get_processor`` options for both processors (``mmproc which --check
+    --option KEY=VALUE``), less :data:`MANAGED_OPTIONS`, which the check sets itself.
+
+    Raises:
+        ConfigurationError: an option the check sets itself, or one ``get_processor`` refuses.
+    """
     from mmproc.demo import demo_item
+    from mmproc.errors import ConfigurationError
     from mmproc.factory import get_processor
+
+    for managed, how in MANAGED_OPTIONS.items():
+        if managed in options:
+            raise ConfigurationError(f"mmproc which --check sets {managed} itself ({how})")
 
     results: list[tuple[str, str | None]] = []
     with (

@@ -1,11 +1,11 @@
 """The ``mmproc`` command line.
 
-``mmproc plugins [--json] [--strict]`` lists plugins; ``mmproc which ARCH_OR_FOLDER [--check]``
-says which plugin and class serve an architecture (and with a folder and ``--check``, runs a
-request through the processor); ``mmproc demo [--model FOLDER|demo:NAME]`` runs the main job end
-to end on a model (a plugin's demo model by default); ``mmproc bench`` measures preprocessing
-latency and throughput; ``mmproc new-plugin NAME --architecture ARCH`` writes a plugin to start
-from.
+``mmproc plugins [--json] [--strict]`` lists plugins; ``mmproc which ARCH_OR_FOLDER [--check]
+[--option KEY=VALUE ...]`` says which plugin and class serve an architecture (and with a folder
+and ``--check``, runs a request through the processor, built with those options); ``mmproc demo
+[--model FOLDER|demo:NAME]`` runs the main job end to end on a model (a plugin's demo model by
+default); ``mmproc bench`` measures preprocessing latency and throughput; ``mmproc new-plugin
+NAME --architecture ARCH [--template NAME]`` writes a plugin to start from.
 Listing plugins imports no model class and no transformers: it only reads entry points and runs
 the plugins' light registration modules.
 """
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mmproc.errors import MmprocError
+from mmproc.errors import ConfigurationError, MmprocError
 
 __all__ = ["main"]
 
@@ -78,6 +78,12 @@ def _cmd_which(args: argparse.Namespace) -> int:
         "class": ref.target,
     }
     problems: list[str] = []
+    options = dict(args.option)
+    if options and not (args.check and os.path.isdir(target)):
+        raise ConfigurationError(
+            "--option goes with --check on a model folder (it sets get_processor options for "
+            "the request the check runs)"
+        )
     if args.check:
         from mmproc.model_hooks import load_model_hooks
 
@@ -86,8 +92,11 @@ def _cmd_which(args: argparse.Namespace) -> int:
         if os.path.isdir(target):
             from mmproc.check import check_model_folder
 
-            results = check_model_folder(Path(target))
+            results = check_model_folder(Path(target), **options)
             record["checked"] = "hooks and one request per modality"
+            if options:
+                record["options"] = options
+                record["checked"] += " with " + ", ".join(f"{k}={v!r}" for k, v in options.items())
             record["requests"] = {modality: problem or "ok" for modality, problem in results}
             problems = [f"{modality}: {problem}" for modality, problem in results if problem]
     if args.json:
@@ -105,8 +114,8 @@ def _cmd_which(args: argparse.Namespace) -> int:
 def _cmd_new_plugin(args: argparse.Namespace) -> int:
     from mmproc.scaffold import write_plugin
 
-    folder = write_plugin(args.name, args.architecture, args.path)
-    print(f"wrote {folder}: plugin {args.name!r} serving {args.architecture}")
+    folder = write_plugin(args.name, args.architecture, args.path, template=args.template)
+    print(f"wrote {folder}: plugin {args.name!r} serving {args.architecture} ({args.template})")
     print(f"next: pip install -e '{folder}[test]' && pytest {folder}")
     return 0
 
@@ -144,6 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check the class's hooks; for a folder, also run a request through the processor",
     )
+    from mmproc.bench import parse_option
+
+    which.add_argument(
+        "--option",
+        type=parse_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --check on a folder: a get_processor option, e.g. backend=pil (repeatable)",
+    )
     which.add_argument("--json", action="store_true", help="print a JSON object")
     which.set_defaults(run=_cmd_which)
 
@@ -158,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     new_plugin.add_argument("--architecture", required=True, help="architecture it serves")
     new_plugin.add_argument(
         "--path", default=None, help="folder to write (default ./mmproc-<name>)"
+    )
+    from mmproc.scaffold import TEMPLATES
+
+    new_plugin.add_argument(
+        "--template",
+        choices=sorted(TEMPLATES),
+        default="image",
+        help="what to start from: "
+        + "; ".join(f"{key}: {what}" for key, what in TEMPLATES.items())
+        + " (default image)",
     )
     new_plugin.set_defaults(run=_cmd_new_plugin)
 

@@ -13,12 +13,31 @@ want them per item. A model describes every output key with one field spec:
     ``prod(image_grid_thw[i]) // divisor`` rows. Item values are views (``Tensor.split``, numpy
     slicing), never copies; :func:`join_items` concatenates them back.
 :class:`PaddedField`
-    One row per item, padded to the batch's longest (``input_values`` of audio: ``(N, samples)``).
-    Item ``i`` gets its row cut to its own length, read from another output (``audio_length``),
-    so an item does not depend on its batch; :func:`join_items` pads them back.
+    One row per item, padded along ``dim`` to the batch's longest (``input_values`` of audio:
+    ``(N, samples)``; LLaVA-OneVision's ``pixel_values``: ``(N, max_tiles, C, H, W)``). Item
+    ``i`` gets its row cut to its own length, so an item does not depend on its batch; the
+    lengths come from another output (``length_key="audio_length"``) or from ``lengths=`` (a
+    sequence, or a callable of the whole outputs dict, as ``FlatField``'s ``sizes=``).
+    :func:`join_items` pads them back.
 :class:`SharedField`
     One value shared by every item of the modality; each item holds the same object and
     :func:`join_items` takes the first.
+
+Writing your own field: subclass :class:`FieldSpec` (a frozen dataclass, like the ones here)
+with a ``modality`` attribute and two methods, which the pipeline and the cache rely on:
+
+``split(key, value, count, outputs) -> list``
+    ``count`` per-item values of the batched ``value`` of output ``key``, in item order.
+    ``outputs`` is the whole output dict, to read sizes or lengths from. An item's value must not
+    depend on the other items of its batch (the cache serves it later in other batches), and
+    should be a view, not a copy, where the layout allows. With ``count == 0`` the value must
+    hold nothing for the modality (return ``[]``). Raise :class:`~mmproc.errors.FieldSpecError`
+    naming ``key``, the modality and the numbers when the value does not fit.
+``join(key, values) -> value``
+    The batched value of per-item ``values`` (from one batch or from several: cached items come
+    from earlier calls), as the HF processor would give it for those items together:
+    ``split`` then ``join`` gives the value back, and ``join`` then ``split`` gives the items
+    back. ``assert_matches_hf`` compares mmproc's items with HF's outputs through ``join``.
 
 Values may be torch tensors, numpy arrays or lists. torch is never imported here unless a value
 already is a tensor.
@@ -76,7 +95,12 @@ def _length(value: Any, dim: int, key: str, modality: str) -> int:
 
 
 class FieldSpec(ABC):
-    """How one output key splits per item of ``modality``."""
+    """How one output key splits per item of ``modality``: the base of every field.
+
+    Subclass it for a layout the built-in fields do not cover; the contract of :meth:`split`
+    and :meth:`join` is in the module docs (items independent of their batch, ``join`` the
+    inverse of ``split``, :class:`~mmproc.errors.FieldSpecError` naming the key on a mismatch).
+    """
 
     modality: str
 
@@ -235,16 +259,73 @@ class PaddedField(FieldSpec):
     """One row per item along dim 0, each padded along ``dim`` to the batch's longest.
 
     Item ``i`` gets its row cut to its own length (a view), so that an item's value does not
-    depend on which others shared its batch (and a cached item fits any later batch); the
-    lengths come from ``length_key`` (an output holding each item's unpadded length, e.g. an
-    audio feature extractor's sample counts). :meth:`join` pads the rows back with
-    ``padding_value``, at the end, as feature extractors pad by default.
+    depend on which others shared its batch (and a cached item fits any later batch). Exactly one
+    of two gives the lengths:
+
+    * ``length_key``: an output holding each item's unpadded length (an audio feature
+      extractor's sample counts, ``PaddedField("audio", "audio_length")``);
+    * ``lengths``: a sequence, or a callable taking the whole outputs dict, for processors that
+      return no length output. LLaVA-OneVision pads each image's tiles to the batch's largest
+      count; the count follows from ``image_sizes``:
+      ``PaddedField("image", lengths=lambda outputs: [...], dim=1)``.
+
+    ``dim`` counts the dimensions of the batched value: ``pixel_values (N, tiles, C, H, W)``
+    pads along ``dim=1`` (or ``-4``); dim 0 is the batch and is refused. Each item's value lacks
+    the batch dimension, so it is cut along ``dim - 1`` of the item for a positive ``dim`` (the
+    same axis from the end for a negative one). :meth:`join` pads the rows back with
+    ``padding_value``, at the end, as processors pad by default.
     """
 
     modality: str
-    length_key: str
+    length_key: str | None = None
     dim: int = -1
     padding_value: float = 0.0
+    lengths: Sequence[int] | SizesFn | None = None
+
+    def __post_init__(self) -> None:
+        if (self.length_key is None) == (self.lengths is None):
+            raise FieldSpecError(
+                f"PaddedField({self.modality!r}) needs exactly one of length_key= (an output "
+                "holding each item's length) and lengths= (a sequence, or a callable of the "
+                "outputs)"
+            )
+        if self.dim == 0:
+            raise FieldSpecError(
+                f"PaddedField({self.modality!r}): dim 0 is the batch (one row per item); pad "
+                "along another dim of the batched value (e.g. 1 for tiles, -1 for samples)"
+            )
+
+    def _item_axis(self, key: str, batched_ndim: int) -> int:
+        """The axis of an item's value (the batched value without dim 0) that ``dim`` names."""
+        where = f"{key!r} (padded, {self.modality})"
+        if self.dim >= batched_ndim:
+            raise FieldSpecError(
+                f"{where}: dim {self.dim} is out of range for a {batched_ndim}-d value"
+            )
+        if self.dim <= -batched_ndim:
+            raise FieldSpecError(
+                f"{where}: dim {self.dim} of a {batched_ndim}-d value is the batch dimension "
+                "(or beyond it); pad along another one"
+            )
+        return self.dim - 1 if self.dim > 0 else self.dim
+
+    def item_lengths(self, key: str, count: int, outputs: Mapping[str, Any]) -> list[int]:
+        """Return each item's unpadded length, from ``length_key`` or ``lengths``."""
+        if self.length_key is not None:
+            if self.length_key not in outputs:
+                raise FieldSpecError(
+                    f"{key!r} (padded, {self.modality}): its length key {self.length_key!r} is "
+                    f"not in the outputs (keys: {', '.join(sorted(outputs))})"
+                )
+            raw: Any = outputs[self.length_key]
+        else:
+            raw = self.lengths(outputs) if callable(self.lengths) else self.lengths
+        try:
+            return [int(n) for n in (raw.tolist() if hasattr(raw, "tolist") else raw)]
+        except (TypeError, ValueError) as exc:
+            raise FieldSpecError(
+                f"{key!r} (padded, {self.modality}): lengths are not integers: {exc}"
+            ) from exc
 
     def split(self, key: str, value: Any, count: int, outputs: Mapping[str, Any]) -> list[Any]:
         """Return each item's row, cut to its length."""
@@ -254,44 +335,41 @@ class PaddedField(FieldSpec):
                 f"{key!r} (padded, {self.modality}): {rows} rows along dim 0 but "
                 f"{count} {self.modality} item(s)"
             )
-        if self.length_key not in outputs:
-            raise FieldSpecError(
-                f"{key!r} (padded, {self.modality}): its length key {self.length_key!r} is not "
-                f"in the outputs (keys: {', '.join(sorted(outputs))})"
-            )
-        raw = outputs[self.length_key]
-        lengths = [int(n) for n in (raw.tolist() if hasattr(raw, "tolist") else raw)]
+        axis = self._item_axis(key, value.ndim)
+        lengths = self.item_lengths(key, count, outputs)
         longest = _length(value, self.dim, key, self.modality)
         if len(lengths) != count or any(n < 0 or n > longest for n in lengths):
+            source = repr(self.length_key) if self.length_key is not None else "lengths="
             raise FieldSpecError(
-                f"{key!r} (padded, {self.modality}): lengths {lengths} from {self.length_key!r} "
-                f"do not fit {count} rows of length {longest}"
+                f"{key!r} (padded, {self.modality}): lengths {lengths} from {source} do not fit "
+                f"{count} rows of length {longest} along dim {self.dim}"
             )
         parts = []
         for i, n in enumerate(lengths):
             row = value[i]
             index = [slice(None)] * row.ndim
-            index[self.dim] = slice(0, n)
+            index[axis] = slice(0, n)
             parts.append(row[tuple(index)])
         return parts
 
     def join(self, key: str, values: Sequence[Any]) -> Any:
         """Pad the rows to the longest along ``dim`` and stack them."""
         first = values[0]
-        longest = max(int(v.shape[self.dim]) for v in values)
+        axis = self._item_axis(key, first.ndim + 1)
+        longest = max(int(v.shape[axis]) for v in values)
         if is_torch_tensor(first):
             import torch
 
             padded = []
             for v in values:
                 shape = list(v.shape)
-                shape[self.dim] = longest - v.shape[self.dim]
-                padded.append(torch.cat([v, v.new_full(shape, self.padding_value)], dim=self.dim))
+                shape[axis] = longest - v.shape[axis]
+                padded.append(torch.cat([v, v.new_full(shape, self.padding_value)], dim=axis))
             return torch.stack(padded)
         widths = []
         for v in values:
             width = [(0, 0)] * v.ndim
-            width[self.dim] = (0, longest - v.shape[self.dim])
+            width[axis] = (0, longest - v.shape[axis])
             widths.append(width)
         return np.stack(
             [

@@ -4,6 +4,7 @@ The bar for a model plugin is identity with the model's own processor: the same 
 same tensors per item, placeholder ranges exactly where the expanded placeholder tokens are.
 :func:`assert_matches_hf` checks one processed request against the outputs of the HF processor
 called on the same prompt and media (``processor(text=[prompt], images=..., return_tensors="pt")``).
+Every check raises :class:`AssertionError` explicitly, so it holds under ``python -O``.
 """
 
 from __future__ import annotations
@@ -87,13 +88,32 @@ def describe_prompt_difference(
     return "; ".join(parts)
 
 
+def _require(condition: bool, message: str) -> None:
+    """Raise :class:`AssertionError` with ``message`` unless ``condition``: a real raise, not an
+    ``assert`` statement, so that the checks hold under ``python -O`` too."""
+    if not condition:
+        raise AssertionError(message)
+
+
+def _join(spec: FieldSpec, key: str, values: Sequence[Any], where: str) -> Any:
+    """The items' values of ``key`` joined by their field; one that cannot join (items of
+    different shapes in a ``BatchedField``) is a failure naming the field."""
+    try:
+        return spec.join(key, values)
+    except (RuntimeError, ValueError) as exc:
+        raise AssertionError(
+            f"{where}{key!r}: the items' values {[tuple(torch.as_tensor(v).shape) for v in values]}"
+            f" do not join with get_mm_fields' {type(spec).__name__}: {exc}"
+        ) from exc
+
+
 def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
     """Every bf16 value equals the reference cast to bf16, or is one bf16 step from it."""
-    assert got.dtype == torch.bfloat16, got.dtype
+    _require(got.dtype == torch.bfloat16, f"bf16 output expected, got {got.dtype}")
     want = want.to(torch.bfloat16)
     up = torch.nextafter(want, torch.full_like(want, float("inf")))
     down = torch.nextafter(want, torch.full_like(want, float("-inf")))
-    assert bool(((got == want) | (got == up) | (got == down)).all()), "bf16 values differ"
+    _require(bool(((got == want) | (got == up) | (got == down)).all()), "bf16 values differ")
 
 
 def assert_matches_hf(
@@ -126,6 +146,11 @@ def assert_matches_hf(
             output equal or one step away with ``check_bf16``); all others equal exactly.
         text_keys: outputs that belong to the prompt and are not compared per item.
         context: prefixed to failure messages (which request of a series failed).
+
+    Raises:
+        AssertionError: the first difference, said with the hook to look at. Raised by ``raise``,
+            never by an ``assert`` statement, so the check holds under ``python -O`` (as
+            ``mmproc which FOLDER --check`` relies on).
     """
     where = f"{context}: " if context else ""
     ids = torch.as_tensor(hf_outputs["input_ids"])[0].tolist()
@@ -134,14 +159,21 @@ def assert_matches_hf(
             where + describe_prompt_difference(out.prompt_token_ids, ids, placeholder_token_ids)
         )
     offsets = [f.placeholder.offset for f in out.features]
-    assert offsets == sorted(offsets), f"{where}features are not in prompt order"
-    for modality, token_id in placeholder_token_ids.items():
+    _require(offsets == sorted(offsets), f"{where}features are not in prompt order")
+    for modality in placeholder_token_ids:
         features = [f for f in out.features if f.modality == modality]
-        assert [f.item_index for f in features] == list(range(len(features))), (
-            f"{where}{modality} item indices"
+        _require(
+            [f.item_index for f in features] == list(range(len(features))),
+            f"{where}{modality} item indices are {[f.item_index for f in features]}",
         )
-        # Each range's embedding positions hold the placeholder token, and together they are
-        # every occurrence of it (a range may also hold non-embedding start / end tokens).
+    # Each range's embedding positions hold the placeholder token, and together they are every
+    # occurrence of it (a range may also hold non-embedding start / end tokens). Modalities may
+    # share one token (an image and a video pad alike): their ranges together cover it.
+    by_token: dict[int, list[str]] = {}
+    for modality, token_id in placeholder_token_ids.items():
+        by_token.setdefault(token_id, []).append(modality)
+    for token_id, modalities in by_token.items():
+        features = [f for f in out.features if f.modality in modalities]
         embedded = [
             offset
             for f in features
@@ -149,63 +181,88 @@ def assert_matches_hf(
             if embeds
         ]
         occurrences = [i for i, token in enumerate(ids) if token == token_id]
-        assert embedded == occurrences, (
-            f"{where}{modality} placeholder ranges "
+        _require(
+            embedded == occurrences,
+            f"{where}{' and '.join(modalities)} placeholder ranges "
             f"{[(f.placeholder.offset, f.placeholder.length) for f in features]} do not cover "
             f"exactly the {len(occurrences)} positions of token {token_id} in the prompt (runs "
-            f"{token_runs(ids, token_id)}): check get_prompt_updates"
+            f"{token_runs(ids, token_id)}): check get_prompt_updates",
         )
     if normalised is not None:
         for feature in out.features:
-            assert (feature.norm is not None) is normalised, (
-                f"{where}{feature.modality} item {feature.item_index}: norm spec "
-                f"{'missing' if normalised else 'unexpected'}"
+            _require(
+                (feature.norm is not None) is normalised,
+                (
+                    f"{where}{feature.modality} item {feature.item_index}: norm spec "
+                    f"{'missing' if normalised else 'unexpected'}"
+                ),
             )
     for key, value in out.prompt_outputs.items():
         # The plugin's per-token outputs of the final prompt: where HF gives one, equal to it.
         if key in hf_outputs:
             want = torch.as_tensor(hf_outputs[key])[0]
-            assert torch.as_tensor(value).tolist() == want.tolist(), (
-                f"{where}prompt output {key!r} differs from HF's: check get_prompt_outputs"
+            _require(
+                torch.as_tensor(value).tolist() == want.tolist(),
+                f"{where}prompt output {key!r} differs from HF's: check get_prompt_outputs",
             )
     item_keys = [k for k in hf_outputs if k not in text_keys and k not in out.prompt_outputs]
     for key in item_keys:
-        assert key in fields, (
-            f"{where}HF output {key!r} has no field spec: add it to the get_mm_fields hook"
+        _require(
+            key in fields,
+            f"{where}HF output {key!r} has no field spec: add it to the get_mm_fields hook",
         )
     for feature in out.features:
         expected = {k for k in item_keys if fields[k].modality == feature.modality}
-        assert set(feature.data) == expected, (
-            f"{where}{feature.modality} item {feature.item_index} has outputs "
-            f"{sorted(feature.data)}, HF has {sorted(expected)}"
+        _require(
+            set(feature.data) == expected,
+            (
+                f"{where}{feature.modality} item {feature.item_index} has outputs "
+                f"{sorted(feature.data)}, HF has {sorted(expected)}"
+            ),
         )
     for key in item_keys:
         want = hf_outputs[key]
         spec = fields[key]
         modality = spec.modality
         features = [f for f in out.features if f.modality == modality]
-        assert all(key in f.data for f in features), f"{where}{key!r} missing from a feature"
+        _require(all(key in f.data for f in features), f"{where}{key!r} missing from a feature")
         values = [torch.as_tensor(f.data[key]) for f in features]
         norms = [f.norm for f in features]
         is_pixels = [n is not None and key in n.pixel_keys for n in norms]
-        assert len(set(is_pixels)) <= 1, f"{where}{key!r} is raw in some items only"
+        _require(len(set(is_pixels)) <= 1, f"{where}{key!r} is raw in some items only")
         want = torch.as_tensor(want)
         if not any(is_pixels):
-            got = torch.as_tensor(spec.join(key, values))
-            assert got.dtype == want.dtype, f"{where}{key!r} dtype {got.dtype} != {want.dtype}"
-            assert torch.equal(got, want), f"{where}{key!r} differs"
+            got = torch.as_tensor(_join(spec, key, values, where))
+            _require(got.dtype == want.dtype, f"{where}{key!r} dtype {got.dtype} != {want.dtype}")
+            _require(
+                got.shape == want.shape,
+                f"{where}{key!r} shape {tuple(got.shape)}, HF's {tuple(want.shape)}",
+            )
+            _require(
+                torch.equal(got, want),
+                f"{where}{key!r} differs from HF's: check process_mm_data (and get_mm_fields)",
+            )
             continue
-        assert all(v.dtype == torch.uint8 for v in values), f"{where}{key!r} is not uint8"
+        _require(all(v.dtype == torch.uint8 for v in values), f"{where}{key!r} is not uint8")
         specs = [n for n in norms if n is not None]
         got = torch.as_tensor(
-            spec.join(
+            _join(
+                spec,
                 key,
                 [FusedInputNorm(n, dtype=torch.float32)(v) for n, v in zip(specs, values)],
+                where,
             )
         )
-        assert got.shape == want.shape, f"{where}{key!r} shape {tuple(got.shape)}"
+        _require(
+            got.shape == want.shape,
+            f"{where}{key!r} shape {tuple(got.shape)}, HF's {tuple(want.shape)}",
+        )
         error = float((got - want).abs().max()) if got.numel() else 0.0
-        assert error <= atol, f"{where}{key!r} differs by {error:.3g} after FusedInputNorm"
+        _require(
+            error <= atol,
+            f"{where}{key!r} differs by {error:.3g} after FusedInputNorm: check process_mm_data "
+            "(mode.raw_pixels) and device_norm_spec",
+        )
         if check_bf16:
             got16 = torch.as_tensor(
                 spec.join(key, [FusedInputNorm(n)(v) for n, v in zip(specs, values)])

@@ -41,10 +41,16 @@ def noise_video(frames: int, width: int, height: int, seed: int = 0) -> np.ndarr
 
 
 def media_items(
-    modality: str, count: int, *, seed: int, sizes: Sequence[tuple[int, int]] = ((64, 48),)
+    modality: str,
+    count: int,
+    *,
+    seed: int,
+    sizes: Sequence[tuple[int, int]] = ((64, 48),),
+    frame_counts: Sequence[int] = (4,),
 ) -> list[Any]:
     """``count`` items of ``modality``: smooth RGB pictures of ``sizes`` (width, height), taken in
-    turn; 4-frame uint8 videos of those sizes; 0.5-2 s tones at 16 kHz."""
+    turn; uint8 videos of those sizes with ``frame_counts`` frames, taken in turn; 0.5-2 s tones
+    at 16 kHz."""
     rng = np.random.default_rng(seed)
     items: list[Any] = []
     for index in range(count):
@@ -55,7 +61,7 @@ def media_items(
             tone = 0.3 * np.sin(2 * np.pi * (200 + 40 * index + 7 * seed) * t)
             items.append((tone.astype(np.float32), 16000))
             continue
-        frames = 4 if modality == "video" else 1
+        frames = frame_counts[(seed + index) % len(frame_counts)] if modality == "video" else 1
         base = rng.integers(0, 256, (frames, height // 4 + 2, width // 4 + 2, 3), dtype=np.uint8)
         # Upsampled noise: structure a resize treats like a photo's, not white noise.
         smooth = np.ascontiguousarray(base.repeat(4, axis=1).repeat(4, axis=2)[:, :height, :width])

@@ -19,18 +19,35 @@ What it checks, each failure naming the hook to fix:
 * prompts of 0 to 3 items, as text and as token ids, give what the HF processor called directly
   gives: prompt ids (a difference is reported with both placeholder counts and the first
   differing position), per-item tensors, placeholder ranges (``get_prompt_updates``,
-  ``process_mm_data``); items of odd sizes and, for images, of every Pillow mode too;
+  ``process_mm_data``); items of every size of the matrix (large, very wide, very tall and tiny
+  images, so that tiling and resizing bounds are reached; videos of several frame counts) and,
+  for images, of every Pillow mode too;
+* a request with items of every modality the model takes (images and videos together, for a
+  model whose ``get_dummy_text`` gives both) matches the HF processor;
+* an item processed in one request with others of other sizes equals the same item processed
+  alone: its outputs must not depend on its batch (``get_mm_fields``: padded outputs are cut to
+  each item's own length, ``PaddedField``);
+* with :attr:`~PluginConformance.request_kwargs` set, a request carrying those per-request
+  ``hf_kwargs`` matches the HF processor called with them (``process_mm_data`` passes them on);
 * the HF-expansion path and the cached path give identical results (``get_prompt_updates``,
-  ``get_dummy_text``); a cache hit gives what the miss gave;
+  ``get_dummy_text``); a cache hit gives what the miss gave (read from
+  ``processor.cache.stats()``, :class:`mmproc.cache.CacheStats`);
 * device normalisation on and off agree (``device_norm_spec``), when the plugin offers it;
 * a tokenizer that adds a BOS token (as Llama's do) changes nothing of the above;
 * a deep copy of the processor (what each worker makes) does not reach the original through a
   closure or a bound method (``load_hf_processor``), and ``process_mm_data`` uses the processor
   it is given, never a stored one; two workers give what one gives.
 
+Tests that cannot apply to a class are not generated (no skips): the image-mode matrix only for
+image classes, the comparisons with HF only with ``compare_with_hf``, the ``hf_kwargs`` check
+only with ``request_kwargs``.
+
 Class attributes to adjust: ``modality`` (default ``"image"``), ``processor_options`` (e.g.
 ``{"backend": "pil"}``), ``compare_with_hf`` (False for a model whose HF processor is not the
-reference), ``sizes`` (image / frame sizes of the matrix), ``atol`` (device normalisation).
+reference), ``sizes`` (image / frame sizes of the matrix; default :data:`IMAGE_SIZES` or
+:data:`FRAME_SIZES`), ``frame_counts`` (frames per video, in turn), ``request_kwargs``
+(per-request ``hf_kwargs`` the model's processor takes, e.g. a smaller ``size``), ``atol``
+(device normalisation).
 Importing this module imports pytest; it is used only by tests.
 """
 
@@ -57,13 +74,63 @@ from mmproc.testing.conformance import assert_matches_hf, placeholder_token
 from mmproc.testing.media import call_hf_processor, media_items, noise_image
 from mmproc.testing.probes import heavy_imports, links_to_original, poisoned
 
-__all__ = ["PluginConformance", "isolated_registry"]
+__all__ = ["FRAME_SIZES", "IMAGE_SIZES", "PluginConformance", "isolated_registry"]
+
+IMAGE_SIZES: tuple[tuple[int, int], ...] = (
+    (64, 48),
+    (28, 28),
+    (301, 39),
+    (17, 333),
+    (1000, 700),  # large: several tiles of 384, or a grid past a few hundred patches
+    (1500, 60),  # very wide
+    (60, 1500),  # very tall
+    (3, 2),  # tiny: below every minimum size
+)
+"""The default image sizes (width, height) of the matrix."""
+
+FRAME_SIZES: tuple[tuple[int, int], ...] = ((64, 48), (56, 56), (112, 30))
+"""The default frame sizes (width, height) of videos."""
+
+_DEFAULT_SIZES = {"image": IMAGE_SIZES, "video": FRAME_SIZES}
 
 
 def isolated_registry(plugin: str) -> Registry:
     """A registry that loads the installed plugin ``plugin`` and no other (strict: a plugin that
     fails to load raises with its error)."""
     return Registry(environ={"MMPROC_PLUGINS": plugin}, strict=True)
+
+
+def _same_value(a: Any, b: Any) -> str | None:
+    """None when two outputs are equal in dtype, shape and values, else how they differ."""
+    left, right = torch.as_tensor(a), torch.as_tensor(b)
+    if left.dtype != right.dtype:
+        return f"dtype {left.dtype} vs {right.dtype}"
+    if left.shape != right.shape:
+        return f"shape {tuple(left.shape)} vs {tuple(right.shape)}"
+    if not torch.equal(left, right):
+        return "values differ"
+    return None
+
+
+def _outputs_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two HF processor outputs hold the same keys and equal values."""
+    return set(a) == set(b) and all(_same_value(a[key], b[key]) is None for key in a)
+
+
+def _applies(cls: type[PluginConformance]) -> dict[str, bool]:
+    """The suite's tests that apply only to some classes, and whether they apply to ``cls``."""
+    return {
+        "test_requests_match_the_hf_processor": cls.compare_with_hf,
+        "test_every_image_mode_matches_the_hf_processor": (
+            cls.modality == "image" and cls.compare_with_hf
+        ),
+        "test_a_request_of_every_modality_the_model_takes_matches_the_hf_processor": (
+            cls.compare_with_hf
+        ),
+        "test_per_request_hf_kwargs_match_the_hf_processor_called_with_them": (
+            cls.compare_with_hf and cls.request_kwargs is not None
+        ),
+    }
 
 
 def _assert_same(a: ProcessedInputs, b: ProcessedInputs, what: str, hooks: str) -> None:
@@ -91,10 +158,40 @@ class PluginConformance:
     model: ClassVar[str]
     """``"demo:NAME"`` (a demo model the plugin registers) or a model folder."""
     modality: ClassVar[str] = "image"
+    """The modality of the matrix: ``"image"``, ``"video"`` or ``"audio"``."""
     processor_options: ClassVar[Mapping[str, Any]] = {}
+    """Extra ``get_processor`` options, e.g. ``{"backend": "pil"}``."""
     compare_with_hf: ClassVar[bool] = True
-    sizes: ClassVar[tuple[tuple[int, int], ...]] = ((64, 48), (28, 28), (301, 39), (17, 333))
+    """False for a model whose HF processor is not the reference (its comparisons are then not
+    generated)."""
+    sizes: ClassVar[tuple[tuple[int, int], ...] | None] = None
+    """Image / frame sizes (width, height) of the matrix; None: :data:`IMAGE_SIZES` for images,
+    :data:`FRAME_SIZES` for videos."""
+    frame_counts: ClassVar[tuple[int, ...]] = (4, 3, 2, 5)
+    """Frames of the matrix's videos, taken in turn (odd counts too: a temporal patch of 2
+    repeats the last frame)."""
+    request_kwargs: ClassVar[Mapping[str, Any] | None] = None
+    """Per-request ``hf_kwargs`` the model's processor takes (e.g. ``{"size": {...}}`` for a
+    smaller image size), chosen so that they change its outputs; the suite then checks a
+    request carrying them against the HF processor called with them. None: not checked."""
     atol: ClassVar[float] = 1e-5
+    """Tolerance of device-normalised pixels against the float path."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Tests that cannot apply to the class are not generated, rather than skipped: the
+        # attribute is hidden (None), and brought back for a subclass they apply to again.
+        super().__init_subclass__(**kwargs)
+        for name, applies in _applies(cls).items():
+            if name in cls.__dict__:
+                continue  # the subclass's own version
+            inherited = next(c.__dict__[name] for c in cls.__mro__ if c.__dict__.get(name))
+            setattr(cls, name, inherited if applies else None)
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """Parametrise ``item_size`` over the class's sizes."""
+        if "item_size" in metafunc.fixturenames:
+            sizes = self.sizes_of(self.modality)
+            metafunc.parametrize("item_size", sizes, ids=[f"{w}x{h}" for w, h in sizes])
 
     # --- fixtures -------------------------------------------------------------------------------
 
@@ -134,28 +231,59 @@ class PluginConformance:
 
     # --- helpers --------------------------------------------------------------------------------
 
-    def items(self, count: int, seed: int = 0) -> list[Any]:
-        return media_items(self.modality, count, seed=seed, sizes=self.sizes)
+    @classmethod
+    def sizes_of(cls, modality: str) -> tuple[tuple[int, int], ...]:
+        """The item sizes of ``modality``: the class's :attr:`sizes` for its own modality, else
+        the default."""
+        if modality == cls.modality and cls.sizes is not None:
+            return cls.sizes
+        return _DEFAULT_SIZES.get(modality, IMAGE_SIZES)
 
-    def prompt(self, processor: Processor, count: int) -> str:
-        placeholders = processor.model.get_dummy_text(processor.ctx, {self.modality: count})
+    def items(self, count: int, seed: int = 0, modality: str | None = None) -> list[Any]:
+        """``count`` synthetic items of ``modality`` (default the class's), sizes in turn."""
+        modality = modality or self.modality
+        return media_items(
+            modality,
+            count,
+            seed=seed,
+            sizes=self.sizes_of(modality),
+            frame_counts=self.frame_counts,
+        )
+
+    def prompt(self, processor: Processor, count: int | Mapping[str, int]) -> str:
+        """A prompt holding the model's placeholders for ``count`` items (of the class's
+        modality, or a modality -> count mapping)."""
+        counts = count if isinstance(count, Mapping) else {self.modality: count}
+        placeholders = processor.model.get_dummy_text(processor.ctx, dict(counts))
         return f"Describe {placeholders} please."
 
     def check_against_hf(
-        self, processor: Processor, prompt: str, items: list[Any], *, as_ids: bool, context: str
+        self,
+        processor: Processor,
+        prompt: str,
+        items: list[Any] | Mapping[str, list[Any]],
+        *,
+        as_ids: bool,
+        context: str,
+        hf_kwargs: Mapping[str, Any] | None = None,
+        hooks: str = "get_prompt_updates, process_mm_data, get_mm_fields",
     ) -> ProcessedInputs:
+        """Process a request and assert it equals the HF processor called directly on it
+        (with ``hf_kwargs`` on both sides)."""
+        mm_data = dict(items) if isinstance(items, Mapping) else {self.modality: items}
+        mm_data = {modality: list(given) for modality, given in mm_data.items() if given}
         hf = processor.hf_processor
         given: Any = hf.tokenizer(prompt)["input_ids"] if as_ids else prompt
-        out = processor.process(given, {self.modality: items} if items else None)
-        reference = call_hf_processor(hf, prompt, {self.modality: items})
-        token = placeholder_token(out, self.modality)
+        out = processor.process(given, mm_data or None, hf_kwargs=hf_kwargs)
+        reference = call_hf_processor(hf, prompt, mm_data, **dict(hf_kwargs or {}))
+        tokens = {m: placeholder_token(out, m) for m in mm_data}
         assert_matches_hf(
             out,
             reference,
             fields=processor.model.get_mm_fields(processor.ctx, reference),
-            placeholder_token_ids={} if token is None else {self.modality: token},
+            placeholder_token_ids={m: t for m, t in tokens.items() if t is not None},
             atol=self.atol,
-            context=f"{context} [hooks: get_prompt_updates, process_mm_data, get_mm_fields]",
+            context=f"{context} [hooks: {hooks}]",
         )
         return out
 
@@ -196,20 +324,20 @@ class PluginConformance:
     def test_requests_match_the_hf_processor(
         self, processor: Processor, count: int, as_ids: bool
     ) -> None:
-        if not self.compare_with_hf:
-            pytest.skip("compare_with_hf is off: the HF processor is not this model's reference")
         prompt = self.prompt(processor, count)
         items = self.items(count, seed=10 + count)
         self.check_against_hf(
             processor, prompt, items, as_ids=as_ids, context=f"{count} items, {prompt!r}"
         )
 
-    @pytest.mark.parametrize("size_index", range(4))
     def test_odd_sizes_match_the_hf_processor_and_both_paths(
-        self, processor: Processor, expanding: Processor, size_index: int
+        self, processor: Processor, expanding: Processor, item_size: tuple[int, int]
     ) -> None:
-        size = self.sizes[size_index % len(self.sizes)]
-        items = media_items(self.modality, 1, seed=20 + size_index, sizes=[size])
+        size = item_size
+        index = self.sizes_of(self.modality).index(size)
+        items = media_items(
+            self.modality, 1, seed=20 + index, sizes=[size], frame_counts=self.frame_counts
+        )
         prompt = self.prompt(processor, 1)
         if self.compare_with_hf:
             self.check_against_hf(
@@ -226,11 +354,100 @@ class PluginConformance:
     def test_every_image_mode_matches_the_hf_processor(
         self, processor: Processor, mode: str
     ) -> None:
-        if self.modality != "image" or not self.compare_with_hf:
-            pytest.skip("image modes: for image models whose reference is the HF processor")
-        images = [noise_image(w, h, mode, seed=90 + i) for i, (w, h) in enumerate(self.sizes[:2])]
+        sizes = self.sizes_of("image")[:2]
+        images = [noise_image(w, h, mode, seed=90 + i) for i, (w, h) in enumerate(sizes)]
         prompt = self.prompt(processor, len(images))
         self.check_against_hf(processor, prompt, images, as_ids=False, context=f"{mode} images")
+
+    def test_a_request_of_every_modality_the_model_takes_matches_the_hf_processor(
+        self, processor: Processor
+    ) -> None:
+        # Two items of the class's modality, one of each other modality the model declares.
+        counts = {m: 2 if m == self.modality else 1 for m in processor.modalities}
+        mm_data = {
+            m: self.items(n, seed=100 + i, modality=m) for i, (m, n) in enumerate(counts.items())
+        }
+        prompt = self.prompt(processor, counts)
+        self.check_against_hf(
+            processor,
+            prompt,
+            mm_data,
+            as_ids=False,
+            context=f"a request of {counts}",
+            hooks="get_prompt_updates (each modality's), get_dummy_text, process_mm_data, "
+            "get_mm_fields",
+        )
+
+    def test_an_item_in_a_batch_of_others_equals_the_item_processed_alone(
+        self, processor: Processor
+    ) -> None:
+        sizes = self.sizes_of(self.modality)
+        count = min(3, len(sizes)) if self.modality != "audio" else 3
+        # Consecutive sizes from the large ones on: one batch pads or tiles each differently.
+        items = self.items(count, seed=4 % len(sizes) if self.modality != "audio" else 1)
+        processor.cache.clear()  # every item computed in this one batch
+        together = processor.process(self.prompt(processor, count), {self.modality: items})
+        for index, item in enumerate(items):
+            processor.cache.clear()  # not served from the batch's entry
+            alone = processor.process(self.prompt(processor, 1), {self.modality: [item]})
+            mine, theirs = together.features[index], alone.features[0]
+            where = (
+                f"{self.modality} item {index} of {count} processed together (with others of "
+                "other sizes) and the same item alone"
+            )
+            fix = (
+                "an item's outputs must not depend on the other items of its batch: check "
+                "get_mm_fields (an output padded to the batch's longest needs PaddedField, cut "
+                "to each item's own length; a FlatField's sizes must be each item's own) and "
+                "process_mm_data"
+            )
+            assert mine.placeholder.length == theirs.placeholder.length, (
+                f"{where} expand to {mine.placeholder.length} and {theirs.placeholder.length} "
+                f"tokens: {fix}, and get_prompt_updates"
+            )
+            assert set(mine.data) == set(theirs.data), (
+                f"{where} have outputs {sorted(mine.data)} and {sorted(theirs.data)}: {fix}"
+            )
+            for key in mine.data:
+                difference = _same_value(mine.data[key], theirs.data[key])
+                assert difference is None, f"{where} differ in {key!r} ({difference}): {fix}"
+
+    def test_per_request_hf_kwargs_match_the_hf_processor_called_with_them(
+        self, processor: Processor, expanding: Processor
+    ) -> None:
+        kwargs = dict(self.request_kwargs or {})
+        items = self.items(2, seed=110)
+        prompt = self.prompt(processor, 2)
+        mm_data = {self.modality: items}
+        hf = processor.hf_processor
+        if _outputs_equal(
+            call_hf_processor(hf, prompt, mm_data), call_hf_processor(hf, prompt, mm_data, **kwargs)
+        ):
+            raise AssertionError(
+                f"request_kwargs {kwargs} change nothing of the HF processor's outputs for "
+                f"these items, so the check proves nothing: choose kwargs that do (e.g. a "
+                "smaller size)"
+            )
+        processor.process(prompt, mm_data)  # the same items without them first, now cached
+        what = (
+            f"a request with hf_kwargs={kwargs} (process_mm_data must pass the request's "
+            "hf_kwargs on to the HF processor; they are part of every cache key)"
+        )
+        self.check_against_hf(
+            processor,
+            prompt,
+            items,
+            as_ids=False,
+            context=what,
+            hf_kwargs=kwargs,
+            hooks="process_mm_data, get_prompt_updates, get_mm_fields",
+        )
+        _assert_same(
+            expanding.process(prompt, mm_data, hf_kwargs=kwargs),
+            processor.process(prompt, mm_data, hf_kwargs=kwargs),
+            f"HF-expansion and cached paths with hf_kwargs={kwargs}",
+            "process_mm_data (pass hf_kwargs on) and get_prompt_updates",
+        )
 
     @pytest.mark.parametrize("count", [1, 2, 3])
     def test_the_hf_expansion_and_cached_paths_agree(

@@ -10,7 +10,5 @@ class TestSarashina2VisionTorchvision(PluginConformance):
     model = "demo:sarashina2"
 
 
-class TestSarashina2VisionPil(PluginConformance):
-    plugin = "sarashina2"
-    model = "demo:sarashina2"
+class TestSarashina2VisionPil(TestSarashina2VisionTorchvision):
     processor_options: ClassVar[dict[str, str]] = {"backend": "pil"}
