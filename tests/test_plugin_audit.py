@@ -25,8 +25,9 @@ PLUGINS = ROOT / "plugins"
 PLUGIN_SOURCES = sorted(PLUGINS.glob("*/mmproc_*/*.py"))
 PLUGIN_TESTS = sorted(PLUGINS.glob("*/tests/*.py"))
 SCAFFOLD_ROOT = ROOT / "core" / "mmproc" / "scaffold" / "template"
-SCAFFOLD = sorted((SCAFFOLD_ROOT / "__package__").glob("*.py.tmpl"))
-SCAFFOLD_TESTS = sorted((SCAFFOLD_ROOT / "tests").glob("*.py.tmpl"))
+# Template files stand for folders with "+" in their names (__package__+model.py.tmpl).
+SCAFFOLD = sorted(SCAFFOLD_ROOT.rglob("__package__+*.py.tmpl"))
+SCAFFOLD_TESTS = sorted(SCAFFOLD_ROOT.rglob("tests+*.py.tmpl"))
 SHIPPED = sorted(path.name for path in PLUGINS.iterdir() if (path / "pyproject.toml").is_file())
 # What a plugin's tests may import of mmproc besides the face: the kit and the user's API.
 TEST_IMPORTS = ("mmproc.testing", "mmproc.inputs", "mmproc.media", "mmproc.wire", "mmproc.engine")
@@ -103,11 +104,13 @@ def test_the_import_audit_sees_every_shipped_plugin_and_the_scaffold() -> None:
     # If this fails, the audits below silently check nothing: fix the discovery.
     assert len(SHIPPED) >= 5 and "qwen_vl" in SHIPPED
     assert {own_package(path) for path in PLUGIN_SOURCES} == {f"mmproc_{p}" for p in SHIPPED}
-    assert any(path.name == "model.py.tmpl" for path in SCAFFOLD)
+    assert any(path.name == "__package__+model.py.tmpl" for path in SCAFFOLD)
     assert SCAFFOLD_TESTS
 
 
-@pytest.mark.parametrize("path", [*PLUGIN_SOURCES, *SCAFFOLD], ids=lambda p: str(p.name))
+@pytest.mark.parametrize(
+    "path", [*PLUGIN_SOURCES, *SCAFFOLD], ids=lambda p: f"{p.parts[-2]}/{p.name}"
+)
 def test_plugin_code_imports_only_the_plugin_face_of_mmproc(path: Path) -> None:
     own = own_package(path) if path.is_relative_to(PLUGINS) else None
     for module in imported_modules(path):
@@ -122,7 +125,7 @@ def test_plugin_code_imports_only_the_plugin_face_of_mmproc(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", [*PLUGIN_TESTS, *SCAFFOLD_TESTS], ids=lambda p: f"{p.parts[-3]}/{p.name}"
+    "path", [*PLUGIN_TESTS, *SCAFFOLD_TESTS], ids=lambda p: f"{p.parts[-2]}/{p.name}"
 )
 def test_plugin_tests_import_the_face_the_kit_and_the_users_api_only(path: Path) -> None:
     allowed = ("mmproc", "mmproc.plugin", *TEST_IMPORTS)
