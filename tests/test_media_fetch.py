@@ -7,13 +7,14 @@ from __future__ import annotations
 import io
 import ipaddress
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import pytest
+from _trickling_server import BODY, BODY_BURST, HEADERS, TLS_RECORD, TricklingServer
 from mmproc.errors import MediaItemError
 from mmproc.hashing import hash_item
 from mmproc.inputs import parse_mm_data
@@ -301,6 +302,56 @@ def test_a_trickling_server_hits_the_deadline(server: str) -> None:
     assert err.reason == (
         "fetching from 127.0.0.1 took longer than the limit of 0.5 s (RemoteMedia.timeout_s)"
     )
+
+
+DEADLINE_S = 1.0
+HANG_GUARD_S = 10 * DEADLINE_S  # a fetch not refused by then would trickle on for minutes
+
+
+def _refused_within_the_hang_guard(url: str, options: MediaOptions) -> MediaItemError:
+    """Fetch ``url`` on a thread; the error it ends with, once it has ended within the guard."""
+    outcome: list[BaseException | None] = []
+
+    def fetch() -> None:
+        try:
+            parse_mm_data({"image": url}, media=options)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert outcome, f"the fetch was still running after {HANG_GUARD_S:g} s"
+    assert isinstance(outcome[0], MediaItemError), outcome[0]
+    return outcome[0]
+
+
+@pytest.mark.parametrize(
+    ("payload", "burst", "url"),
+    [
+        (HEADERS, 0, lambda trickler, base: trickler.url()),
+        (BODY, BODY_BURST, lambda trickler, base: trickler.url()),
+        (TLS_RECORD, 0, lambda trickler, base: trickler.url("https")),
+        (HEADERS, 0, lambda trickler, base: f"{base}/to?u={trickler.url()}"),
+    ],
+    ids=["status-and-headers", "body", "tls-handshake", "after-a-redirect"],
+)
+def test_a_fetch_whose_server_trickles_is_refused_at_the_deadline(
+    server: str,
+    payload: bytes,
+    burst: int,
+    url: Callable[[TricklingServer, str], str],
+) -> None:
+    # One byte every 50 ms: each read returns long before any read timeout would fire.
+    options = _remote(timeout_s=DEADLINE_S)
+    with TricklingServer(payload, interval=0.05, burst=burst) as trickler:
+        err = _refused_within_the_hang_guard(url(trickler, server), options)
+    assert err.reason == (
+        f"fetching from 127.0.0.1 took longer than the limit of {DEADLINE_S:g} s "
+        "(RemoteMedia.timeout_s)"
+    )
+    assert parse_mm_data({"image": f"{server}/media/cat.png"}, media=options)["image"]
 
 
 def test_the_shorter_time_limit_applies(server: str) -> None:

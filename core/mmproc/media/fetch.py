@@ -17,17 +17,28 @@ time, at most ``RemoteMedia.max_redirects``):
 Then the body: ``Accept-Encoding: identity`` (a compressed response could expand past the byte
 limit before being counted; a ``Content-Encoding`` other than identity is refused), a
 ``Content-Length`` over the limit is refused before reading, and the body is counted while it
-streams. The timeout is the connect and read timeout of each request and a deadline for the
-whole fetch, checked between chunks. Every failure is a
-:class:`~mmproc.media.problem.MediaProblem` naming the host (never the full URL: signed URLs
-carry secrets) and the limit.
+streams.
+
+Time: ``RemoteMedia.timeout_s`` (or ``MediaLimits.read_timeout_s`` when shorter) is a deadline
+for the whole fetch — resolving, connecting, TLS, the status line, headers and body of every
+hop. It is enforced by the network stream itself: every socket operation is given only the time
+left until the deadline, and none starts after it, so a peer that trickles its bytes (each in
+time for a read timeout, which restarts on every byte) is cut off at the deadline all the same.
+Host names are looked up on a thread of their own, so that a slow resolver is cut off too (the
+lookup itself runs on until the system resolver gives up).
+
+Every failure is a :class:`~mmproc.media.problem.MediaProblem` naming the host (never the full
+URL: signed URLs carry secrets) and the limit, in a bounded message.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import ipaddress
 import socket
+import ssl
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
@@ -47,6 +58,91 @@ _IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 class _ForbiddenAddress(Exception):
     """Raised by the network backend; the fetch turns it into a MediaProblem."""
+
+
+# The deadline (time.monotonic()) of the fetch running on this thread: connections are pooled
+# and shared between fetches, so the deadline travels with the caller, not with the connection.
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "mmproc_fetch_deadline", default=None
+)
+
+
+def _time_left(timeout: float | None, expired: type[Exception]) -> float | None:
+    """``timeout`` cut to the time left before this thread's fetch deadline; raises
+    ``expired`` once the deadline has passed."""
+    deadline = _DEADLINE.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise expired("the fetch deadline has passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A network stream whose every operation ends by the fetch deadline.
+
+    A plain socket read returns as soon as any byte arrives, and CPython's TLS reads and
+    handshakes treat the socket timeout as a deadline for the whole call, so giving each call
+    only the time left is enough.
+    """
+
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _time_left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _time_left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _time_left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, left))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+def _resolve(host: str, port: int, timeout: float | None) -> list[Any]:
+    """``getaddrinfo`` for a TCP connection, given up on at the deadline.
+
+    getaddrinfo takes no timeout, so a name is looked up on a thread of its own that the caller
+    stops waiting for at its deadline (a daemon thread: one left behind ends when the system
+    resolver gives up, and never holds up the interpreter's exit).
+    """
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:  # a literal: nothing to look up
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    wait = _time_left(timeout, httpcore.ConnectTimeout)
+    outcome: list[list[Any] | OSError] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=lookup, name="mmproc-resolve", daemon=True).start()
+    if not done.wait(wait) or not outcome:
+        raise httpcore.ConnectTimeout(f"resolving {host!r} did not finish in time")
+    if isinstance(outcome[0], OSError):
+        raise outcome[0]
+    return outcome[0]
 
 
 def address_is_public(address: _IPAddress) -> bool:
@@ -97,7 +193,7 @@ class _CheckedAddressBackend(httpcore.SyncBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
         try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            infos = _resolve(host, port, timeout)
         except OSError as exc:
             raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
         addresses: list[_IPAddress] = []
@@ -112,12 +208,15 @@ class _CheckedAddressBackend(httpcore.SyncBackend):
                 addresses.append(address)
         error: Exception = httpcore.ConnectError(f"no address for {host!r}")
         for address in addresses:
+            left = _time_left(timeout, httpcore.ConnectTimeout)
             try:
-                return super().connect_tcp(
-                    str(address), port, timeout, local_address, socket_options
+                stream = super().connect_tcp(
+                    str(address), port, left, local_address, socket_options
                 )
             except httpcore.ConnectError as exc:
                 error = exc
+            else:
+                return _DeadlineStream(stream)
         raise error
 
 
@@ -230,6 +329,7 @@ def fetch_url(url: str, remote: RemoteMedia, limits: MediaLimits) -> bytes:
     timeout, timeout_name = _time_limit(remote, limits)
     deadline = time.monotonic() + timeout
     host = current.host
+    token = _DEADLINE.set(deadline)
     try:
         for hop in range(remote.max_redirects + 1):
             _check_hop(current, remote, hop)
@@ -251,6 +351,8 @@ def fetch_url(url: str, remote: RemoteMedia, limits: MediaLimits) -> bytes:
         ) from exc
     except Exception as exc:  # any transport failure is this item's failure, not the server's
         raise MediaProblem(f"cannot fetch from {host}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        _DEADLINE.reset(token)
 
 
 def _get(url: httpx.URL, remote: RemoteMedia, limits: MediaLimits, deadline: float) -> bytes | str:
@@ -279,14 +381,12 @@ def _get(url: httpx.URL, remote: RemoteMedia, limits: MediaLimits, deadline: flo
                 f"bytes ({limit_name})"
             )
         body = bytearray()
-        for chunk in response.iter_raw():
+        for chunk in response.iter_raw():  # each read ends by the deadline (_DeadlineStream)
             body += chunk
             if limit is not None and len(body) > limit:
                 raise MediaProblem(
                     f"{url.host} sent more than {limit:,} bytes, the limit ({limit_name})"
                 )
-            if time.monotonic() > deadline:
-                raise httpx.TimeoutException("deadline passed while reading the body")
         return bytes(body)
     finally:
         response.close()
