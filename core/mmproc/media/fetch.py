@@ -5,12 +5,14 @@ time, at most ``RemoteMedia.max_redirects``):
 
 * the scheme is http or https, and the host is on ``RemoteMedia.allowed_domains`` (if set);
 * the addresses are checked where the connection is made: the transport's network backend
-  resolves the host itself, refuses it if *any* address it resolves to is not public (loopback,
-  private, link-local, shared, multicast, reserved; IPv4 addresses inside IPv4-mapped, NAT64 and
-  6to4 IPv6 addresses count as themselves) unless ``allow_private_addresses`` or
-  ``allowed_networks`` admits it, and connects to the checked address. A name cannot resolve to
-  a public address for a check and to a private one for the connection, and TLS still verifies
-  the certificate against the host name;
+  resolves the host itself, refuses it if *any* address it resolves to is not public (see
+  :func:`address_is_public`: every block of the IANA special-purpose registries that is not
+  globally reachable, multicast, reserved, and all IPv6 outside ``2000::/3``; an IPv4 address
+  inside an IPv4-mapped, NAT64 or 6to4 IPv6 address counts as itself, IPv4-compatible and
+  Teredo addresses are refused) unless ``allow_private_addresses`` or ``allowed_networks``
+  admits it, and connects to exactly the address it checked. A name cannot resolve to a public
+  address for a check and to a private one for the connection, and TLS still verifies the
+  certificate against the host name;
 * environment proxies and ``.netrc`` are ignored (``trust_env=False``): a proxy would make the
   address check meaningless.
 
@@ -46,7 +48,7 @@ from typing import Any, cast
 import httpcore
 import httpx
 
-from mmproc.media.policy import MediaLimits, RemoteMedia
+from mmproc.media.policy import IPNetwork, MediaLimits, RemoteMedia
 from mmproc.media.problem import MediaProblem
 
 __all__ = ["address_is_public", "fetch_url", "host_is_allowed"]
@@ -145,16 +147,83 @@ def _resolve(host: str, port: int, timeout: float | None) -> list[Any]:
     return outcome[0]
 
 
+def _networks(*cidrs: str) -> tuple[IPNetwork, ...]:
+    return tuple(ipaddress.ip_network(cidr) for cidr in cidrs)
+
+
+# The IANA special-purpose address registries (IPv4 and IPv6, as of 2025): the blocks not
+# globally reachable, and the entries inside them that are. Kept here rather than taken from
+# ipaddress.is_global, whose answer changes between Python releases (3.11 calls ::127.0.0.1,
+# fec0::/10 and 64:ff9b:1::/48 global).
+_V4_NOT_PUBLIC = _networks(
+    "0.0.0.0/8",  # this network
+    "10.0.0.0/8",  # private
+    "100.64.0.0/10",  # shared (carrier-grade NAT)
+    "127.0.0.0/8",  # loopback
+    "169.254.0.0/16",  # link-local (cloud metadata services)
+    "172.16.0.0/12",  # private
+    "192.0.0.0/24",  # IETF protocol assignments (DS-Lite, NAT64 discovery, ...)
+    "192.0.2.0/24",  # documentation
+    "192.88.99.0/24",  # 6to4 relay anycast (deprecated)
+    "192.168.0.0/16",  # private
+    "198.18.0.0/15",  # benchmarking
+    "198.51.100.0/24",  # documentation
+    "203.0.113.0/24",  # documentation
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, and the limited broadcast address
+)
+_V4_PUBLIC_INSIDE = _networks("192.0.0.9/32", "192.0.0.10/32")  # PCP and TURN anycast
+# IANA allocates global unicast from 2000::/3 only: everything outside is not public, whatever
+# it is (::/96 IPv4-compatible, ::ffff:0:0:0/96 translated, 64:ff9b:1::/48 local-use NAT64,
+# 100::/64 discard, 5f00::/16 SRv6, fc00::/7, fe80::/10, fec0::/10, ff00::/8, unallocated).
+_V6_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+_V6_NOT_PUBLIC = _networks(
+    "2001::/23",  # IETF protocol assignments: Teredo, benchmarking, ORCHID, ...
+    "2001:db8::/32",  # documentation
+    "3fff::/20",  # documentation
+)
+_V6_PUBLIC_INSIDE = _networks(
+    "2001:1::1/128",  # PCP anycast
+    "2001:1::2/128",  # TURN anycast
+    "2001:1::3/128",  # DNS-SD service registration anycast
+    "2001:3::/32",  # AMT
+    "2001:4:112::/48",  # AS112-v6
+    "2001:20::/28",  # ORCHIDv2
+    "2001:30::/28",  # drone remote ID
+)
+_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+_SIXTOFOUR = ipaddress.ip_network("2002::/16")
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address traffic to ``address`` reaches: IPv4-mapped, well-known NAT64 and 6to4
+    addresses carry it. (Teredo's also does, but Teredo is refused whole.)"""
+    if address in _MAPPED or address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address in _SIXTOFOUR:
+        return ipaddress.IPv4Address((int(address) >> 80) & 0xFFFFFFFF)
+    return None
+
+
 def address_is_public(address: _IPAddress) -> bool:
-    """Whether ``address`` is a public unicast address (an IPv4 address embedded in an IPv6 one
-    counts as itself)."""
+    """Whether ``address`` is a public unicast address: outside every block of the IANA
+    special-purpose registries that is not globally reachable, and outside multicast and
+    reserved space. An IPv6 address that carries an IPv4 one (IPv4-mapped, well-known NAT64
+    ``64:ff9b::/96``, 6to4 ``2002::/16``) is judged by the IPv4 address; deprecated
+    IPv4-compatible ``::a.b.c.d``, Teredo ``2001::/32``, the local-use NAT64 prefix
+    ``64:ff9b:1::/48`` and anything outside ``2000::/3`` are not public."""
     if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.ipv4_mapped or address.sixtofour
-        if embedded is None and address in _NAT64:
-            embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        embedded = _embedded_ipv4(address)
         if embedded is not None:
             return address_is_public(embedded)
-    return address.is_global and not address.is_multicast
+        if address not in _V6_GLOBAL_UNICAST:
+            return False
+        if any(address in network for network in _V6_PUBLIC_INSIDE):
+            return True
+        return not any(address in network for network in _V6_NOT_PUBLIC)
+    if any(address in network for network in _V4_PUBLIC_INSIDE):
+        return True
+    return not any(address in network for network in _V4_NOT_PUBLIC)
 
 
 def _address_allowed(address: _IPAddress, remote: RemoteMedia) -> bool:

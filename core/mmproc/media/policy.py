@@ -256,8 +256,9 @@ class RemoteMedia:
 
     Every hop (the URL and each redirect) must use http or https, have a host the allow-list
     admits, and resolve only to public addresses: loopback, private, link-local, shared,
-    multicast and reserved addresses are refused (checked on the addresses the name resolves to,
-    which are the addresses connected to) unless ``allow_private_addresses`` or
+    multicast, reserved and every other special-purpose address, in IPv4 and in each IPv6 form
+    (`mmproc.media.fetch.address_is_public`), are refused (checked on the addresses the name
+    resolves to, which are the addresses connected to) unless ``allow_private_addresses`` or
     ``allowed_networks`` lets them through. Proxies and ``.netrc`` from the environment are
     ignored. A download obeys both this and ``MediaLimits``: the smaller byte limit, the shorter
     deadline (``timeout_s`` or ``MediaLimits.read_timeout_s``).
