@@ -18,6 +18,8 @@ from mmproc.errors import MediaItemError
 from mmproc.inputs import parse_mm_data
 from mmproc.media import ALLOWED_MEDIA_PATHS_ENV, MediaLimits, MediaOptions
 from mmproc.media import allowed_media_paths_from_env as from_env
+from mmproc.media.problem import MediaProblem
+from mmproc.media.sources import read_local_file
 from PIL import Image
 
 HANG_GUARD_S = 30  # a refusal that has not come back by then never will
@@ -84,6 +86,57 @@ def test_a_symlink_that_stays_inside_is_followed(root: Path) -> None:
     (root / "alias.png").symlink_to(root / "ok.png")
     options = MediaOptions(allowed_paths=[root])
     assert parse_mm_data({"image": root / "alias.png"}, media=options)["image"][0].size == (16, 12)
+
+
+def test_a_symlinked_directory_that_stays_inside_is_followed(root: Path) -> None:
+    (root / "real").mkdir()
+    (root / "real" / "in.png").write_bytes(_png(2))
+    (root / "alias").symlink_to(root / "real")
+    options = MediaOptions(allowed_paths=[root])
+    assert parse_mm_data({"image": root / "alias" / "in.png"}, media=options)["image"]
+
+
+def test_a_directory_swapped_for_a_symlink_while_being_read_never_lets_an_outside_file_through(
+    root: Path,
+) -> None:
+    # media/a/f.png is inside; a thread keeps turning media/a into a symlink to the outside
+    # directory (which holds its own f.png) and back, while this thread reads media/a/f.png.
+    inside, outside = _png(3), _png(4)
+    parked_dir, parked_link = root / "parked-dir", root / "parked-link"
+    parked_dir.mkdir()
+    (parked_dir / "f.png").write_bytes(inside)
+    (root.parent / "outside" / "f.png").write_bytes(outside)
+    parked_link.symlink_to(root.parent / "outside")
+    swapped = root / "a"
+    os.rename(parked_dir, swapped)
+    stop = threading.Event()
+    swaps = [0]
+
+    def swap() -> None:
+        while not stop.is_set():
+            os.rename(swapped, parked_dir)
+            os.rename(parked_link, swapped)  # media/a -> outside
+            os.rename(swapped, parked_link)
+            os.rename(parked_dir, swapped)  # media/a is the directory again
+            swaps[0] += 1
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    read: dict[str, int] = {"inside": 0, "outside": 0, "refused": 0}
+    limits = MediaLimits()
+    try:
+        for _ in range(3000):
+            try:
+                data = read_local_file(swapped / "f.png", allowed_paths=(root,), limits=limits)
+            except MediaProblem:
+                read["refused"] += 1
+            else:
+                read["inside" if data == inside else "outside"] += 1
+    finally:
+        stop.set()
+        swapper.join(HANG_GUARD_S)
+    assert swaps[0] > 0 and read["refused"] > 0  # the race was run
+    assert read["outside"] == 0, read
 
 
 def test_an_allowed_directory_given_through_a_symlink_still_contains_its_files(

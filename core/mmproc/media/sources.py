@@ -3,9 +3,15 @@
 Local files are read only when they are *regular* files inside the allowed directories:
 
 * Confinement: with ``MediaOptions.allowed_paths`` set, the path is resolved (symlinks, ``..``)
-  and must lie inside one of the (resolved) roots; the resolved path is then opened with
-  ``O_NOFOLLOW``, so its last component cannot be swapped for a symlink between the check and the
-  open. ``()`` refuses every path.
+  and must lie inside one of the (resolved) roots: a symlink under a root is followed when what
+  it leads to is inside a root too, and ``..`` cannot climb out. The resolved path is then
+  opened one component at a time from the root's own descriptor (``openat``: each directory
+  with ``O_DIRECTORY | O_NOFOLLOW``, the file with ``O_NOFOLLOW``), so no symlink is followed
+  after the check: a directory or the file swapped for a symlink between the check and the open
+  (a race a client with write access to the root could run) makes the open fail instead of
+  leaving the root. ``()`` refuses every path. A hard link inside a root to a file elsewhere is
+  that file, and cannot be told from the path: keep roots where clients cannot make hard links
+  to files they could not read.
 * Regular files only: the file is opened with ``O_NONBLOCK`` (opening a FIFO would otherwise wait
   for a writer forever) and ``fstat``-ed before a byte is read: devices (``/dev/zero``,
   ``/dev/urandom``), FIFOs, sockets and directories are refused.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import os
 import re
 import stat
@@ -41,6 +48,9 @@ __all__ = [
 # "scheme://..." — anything that looks like a URL rather than a local path.
 _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _CHUNK = 1 << 20
+# Directories on a confined walk: never through a symlink. O_PATH (Linux) opens a directory the
+# process may search but not list, as the kernel's own path walk would.
+_DIR_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_PATH", 0) | getattr(os, "O_CLOEXEC", 0)
 _FILE_KINDS = (
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISCHR, "a character device"),
@@ -129,19 +139,57 @@ def decode_data_url(url: str, accepted_types: tuple[str, ...], limits: MediaLimi
         raise MediaProblem(f"invalid base64 in data: URL: {exc}") from exc
 
 
-def _confine(text: str, allowed_paths: tuple[Path, ...]) -> Path:
+def _confine(text: str, allowed_paths: tuple[Path, ...]) -> tuple[Path, tuple[str, ...]]:
+    """The root ``text`` resolves inside, and the components of the resolved path below it."""
     if not allowed_paths:
         raise MediaProblem(
             "local file paths are not accepted here (MediaOptions.allowed_paths is empty); "
             "pass the bytes or a data: URL"
         )
-    resolved = Path(text).resolve()
-    if not any(resolved.is_relative_to(root) for root in allowed_paths):
-        raise MediaProblem(
-            f"{text!r} is outside the allowed media directories (MediaOptions.allowed_paths; "
-            "symlinks and '..' are resolved first)"
-        )
-    return resolved
+    try:
+        resolved = Path(os.path.realpath(text))
+    except OSError as exc:  # a symlink on the way changed while it was being read
+        raise MediaProblem(f"cannot open {text!r}: it changed while being opened") from exc
+    for root in allowed_paths:
+        if resolved.is_relative_to(root):
+            return root, resolved.relative_to(root).parts
+    raise MediaProblem(
+        f"{text!r} is outside the allowed media directories (MediaOptions.allowed_paths; "
+        "symlinks and '..' are resolved first)"
+    )
+
+
+class _SymlinkAppeared(OSError):
+    """A component of a resolved path is a symlink: it was swapped in after the check."""
+
+
+def _open_at(name: str, flags: int, dir_fd: int) -> int:
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        # O_NOFOLLOW refuses a symlink with ELOOP, O_DIRECTORY with ENOTDIR (as for a file).
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            try:
+                swapped = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+            except OSError:
+                swapped = False
+            if swapped:
+                raise _SymlinkAppeared(exc.errno, exc.strerror) from exc
+        raise
+
+
+def _open_beneath(root: Path, parts: tuple[str, ...], flags: int) -> int:
+    """Open ``root / parts`` one component at a time, following no symlink (see the module
+    docstring); raises OSError as ``os.open`` does."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for name in parts[:-1]:
+            below = _open_at(name, _DIR_FLAGS, fd)
+            os.close(fd)
+            fd = below
+        return _open_at(parts[-1] if parts else ".", flags | os.O_NOFOLLOW, fd)
+    finally:
+        os.close(fd)
 
 
 def read_local_file(
@@ -158,14 +206,18 @@ def read_local_file(
     if "\x00" in text:
         raise MediaProblem("file path contains a NUL character")
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    target: str | Path = text
-    if allowed_paths is not None:
-        target = _confine(text, allowed_paths)
-        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(target, flags)
+        if allowed_paths is None:
+            fd = os.open(text, flags)
+        else:
+            fd = _open_beneath(*_confine(text, allowed_paths), flags)
     except FileNotFoundError as exc:
         raise MediaProblem(f"no such file: {text!r}") from exc
+    except _SymlinkAppeared as exc:
+        raise MediaProblem(
+            f"cannot open {text!r}: it changed while being opened (a symlink appeared in its "
+            "path; MediaOptions.allowed_paths)"
+        ) from exc
     except OSError as exc:
         raise MediaProblem(f"cannot open {text!r}: {exc.strerror or exc}") from exc
     try:
