@@ -440,6 +440,21 @@ def test_a_closed_port_is_named(server: str) -> None:
     assert err.reason.startswith("cannot fetch from 127.0.0.1: ConnectError")
 
 
+@pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("http://" + "a" * 60_000 + ".example/cat.png", _remote(allowed_domains=("127.0.0.1",))),
+        ("http://" + "a" * 60_000 + ".invalid/cat.png", LOOPBACK),  # cannot be resolved
+        ("http://127.0.0.1:" + "1" * 60_000 + "/cat.png", LOOPBACK),  # an invalid port
+    ],
+    ids=["not-allowed", "unresolvable", "invalid-port"],
+)
+def test_a_refusal_quotes_at_most_a_bounded_part_of_the_url(
+    server: str, url: str, options: MediaOptions
+) -> None:
+    assert len(_refused(url, options, server).reason) <= 600
+
+
 def test_an_invalid_url_is_named(server: str) -> None:
     assert _refused("http://[::1/", LOOPBACK, server).reason == "invalid URL: Invalid port: ':1'"
     assert _refused("http://:80/cat.png", LOOPBACK, server).reason == "the URL has no host"

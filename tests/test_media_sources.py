@@ -211,14 +211,16 @@ def test_a_missing_file_is_named(root: Path) -> None:
     assert _refused(root / "nope.png").reason == f"no such file: {str(root / 'nope.png')!r}"
 
 
-def test_a_file_over_the_byte_limit_is_refused(root: Path) -> None:
+def test_a_file_over_the_byte_limit_is_refused_without_its_size(root: Path) -> None:
     size = (root / "ok.png").stat().st_size
     limits = MediaLimits(max_item_bytes=size - 1)
     err = _refused(root / "ok.png", MediaOptions(limits=limits))
+    # A client naming any readable file must not learn its size.
     assert err.reason == (
-        f"{str(root / 'ok.png')!r} has {size:,} bytes, over the limit of {size - 1:,} bytes "
+        f"{str(root / 'ok.png')!r} is over the limit of {size - 1:,} bytes "
         "(MediaLimits.max_item_bytes)"
     )
+    assert f"{size:,}" not in err.reason and str(size) not in err.reason
     exact = MediaOptions(limits=MediaLimits(max_item_bytes=size))
     assert parse_mm_data({"image": root / "ok.png"}, media=exact)["image"]
 
@@ -226,10 +228,39 @@ def test_a_file_over_the_byte_limit_is_refused(root: Path) -> None:
 def test_a_proc_file_that_claims_no_size_is_still_cut_at_the_limit() -> None:
     # /proc files report a size of 0 and yield more: the limit holds while reading.
     err = _refused("/proc/self/maps", MediaOptions(limits=MediaLimits(max_item_bytes=64)))
-    assert (
-        err.reason
-        == "'/proc/self/maps' has more than 64 bytes, the limit (MediaLimits.max_item_bytes)"
+    assert err.reason == (
+        "'/proc/self/maps' is over the limit of 64 bytes (MediaLimits.max_item_bytes)"
     )
+
+
+HUGE = 5_000_000  # characters: a refusal must not echo them
+MESSAGE_BOUND = 600
+
+
+@pytest.mark.parametrize(
+    ("item", "options"),
+    [
+        ("x" * HUGE, None),  # a path too long to open
+        ("/" + "x/" * (HUGE // 2), None),  # a path of many components
+        ("DATA:" + "A" * HUGE, None),  # an upper-case data: URL without its ','
+        ("data:" + "a" * HUGE + ";base64,AAAA", None),  # a media type of 5 MB
+        ("gopher" * (HUGE // 6) + "://host/", None),  # an unsupported scheme
+        ("/elsewhere/" + "x" * HUGE, "confined"),  # outside the allowed directories
+    ],
+    ids=["path", "components", "upper-case-data", "media-type", "scheme", "outside"],
+)
+def test_a_refusal_quotes_at_most_a_bounded_part_of_what_it_was_given(
+    root: Path, item: str, options: str | None
+) -> None:
+    media = MediaOptions(allowed_paths=[root]) if options == "confined" else None
+    err = _refused(item, media)
+    assert len(err.reason) <= MESSAGE_BOUND, err.reason[:300]
+
+
+def test_a_path_is_quoted_up_to_200_characters_with_an_ellipsis(root: Path) -> None:
+    missing = str(root / ("m" * 300))  # longer than a name may be
+    err = _refused(missing)
+    assert err.reason == f"cannot open {(missing[:200] + '…')!r}: File name too long"
 
 
 def test_a_read_slower_than_the_time_limit_is_refused(tmp_path: Path) -> None:

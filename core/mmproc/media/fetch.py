@@ -58,6 +58,20 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+# Refusals quote at most this much of a host, scheme or error text: the bound of
+# mmproc.media.sources.QUOTE_CHARS, kept here because sources imports this module (lazily) and
+# the core's import graph has no circles.
+_QUOTE_CHARS = 200
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "…"
+
+
+def _quoted(text: str) -> str:
+    return repr(_shortened(text))
+
+
 class _ForbiddenAddress(Exception):
     """Raised by the network backend; the fetch turns it into a MediaProblem."""
 
@@ -128,21 +142,21 @@ def _resolve(host: str, port: int, timeout: float | None) -> list[Any]:
     else:  # a literal: nothing to look up
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     wait = _time_left(timeout, httpcore.ConnectTimeout)
-    outcome: list[list[Any] | OSError] = []
+    outcome: list[list[Any] | Exception] = []
     done = threading.Event()
 
     def lookup() -> None:
         try:
             outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-        except OSError as exc:
+        except Exception as exc:  # raised on the caller's thread instead
             outcome.append(exc)
         finally:
             done.set()
 
     threading.Thread(target=lookup, name="mmproc-resolve", daemon=True).start()
-    if not done.wait(wait) or not outcome:
-        raise httpcore.ConnectTimeout(f"resolving {host!r} did not finish in time")
-    if isinstance(outcome[0], OSError):
+    if not done.wait(wait):
+        raise httpcore.ConnectTimeout("the host name lookup did not finish in time")
+    if isinstance(outcome[0], Exception):
         raise outcome[0]
     return outcome[0]
 
@@ -270,7 +284,7 @@ class _CheckedAddressBackend(httpcore.SyncBackend):
             address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
             if not _address_allowed(address, self._remote):
                 raise _ForbiddenAddress(
-                    f"{host} resolves to {address}, which is not a public address "
+                    f"{_shortened(host)} resolves to {address}, which is not a public address "
                     "(RemoteMedia.allow_private_addresses / allowed_networks)"
                 )
             if address not in addresses:
@@ -374,12 +388,14 @@ def _time_limit(remote: RemoteMedia, limits: MediaLimits) -> tuple[float, str]:
 def _check_hop(url: httpx.URL, remote: RemoteMedia, hop: int) -> None:
     where = "the URL" if hop == 0 else f"redirect {hop}"
     if url.scheme not in ("http", "https"):
-        raise MediaProblem(f"{where} has scheme {url.scheme!r}; only http and https are fetched")
+        raise MediaProblem(
+            f"{where} has scheme {_quoted(url.scheme)}; only http and https are fetched"
+        )
     if not url.host:
         raise MediaProblem(f"{where} has no host")
     if not host_is_allowed(url.host, remote.allowed_domains):
         raise MediaProblem(
-            f"{where} goes to {url.host}, which is not an allowed domain "
+            f"{where} goes to {_shortened(url.host)}, which is not an allowed domain "
             "(RemoteMedia.allowed_domains)"
         )
 
@@ -394,15 +410,15 @@ def fetch_url(url: str, remote: RemoteMedia, limits: MediaLimits) -> bytes:
     try:
         current = httpx.URL(url)
     except (httpx.InvalidURL, ValueError, TypeError) as exc:
-        raise MediaProblem(f"invalid URL: {exc}") from exc
+        raise MediaProblem(f"invalid URL: {_shortened(str(exc))}") from exc
     timeout, timeout_name = _time_limit(remote, limits)
     deadline = time.monotonic() + timeout
-    host = current.host
+    host = _shortened(current.host)
     token = _DEADLINE.set(deadline)
     try:
         for hop in range(remote.max_redirects + 1):
             _check_hop(current, remote, hop)
-            host = current.host
+            host = _shortened(current.host)
             location = _get(current, remote, limits, deadline)
             if isinstance(location, bytes):
                 return location
@@ -419,7 +435,9 @@ def fetch_url(url: str, remote: RemoteMedia, limits: MediaLimits) -> bytes:
             f"fetching from {host} took longer than the limit of {timeout:g} s ({timeout_name})"
         ) from exc
     except Exception as exc:  # any transport failure is this item's failure, not the server's
-        raise MediaProblem(f"cannot fetch from {host}: {type(exc).__name__}: {exc}") from exc
+        raise MediaProblem(
+            f"cannot fetch from {host}: {type(exc).__name__}: {_shortened(str(exc))}"
+        ) from exc
     finally:
         _DEADLINE.reset(token)
 
@@ -430,23 +448,24 @@ def _get(url: httpx.URL, remote: RemoteMedia, limits: MediaLimits, deadline: flo
     if remaining <= 0:
         raise httpx.TimeoutException("deadline passed before the request")
     client = _client(remote)
+    host = _shortened(url.host)
     request = client.build_request("GET", url, timeout=httpx.Timeout(remaining))
     response = client.send(request, stream=True)
     try:
         if response.status_code in _REDIRECTS and "location" in response.headers:
             return response.headers["location"]
         if response.status_code != 200:
-            raise MediaProblem(f"{url.host} answered HTTP {response.status_code}")
+            raise MediaProblem(f"{host} answered HTTP {response.status_code}")
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             raise MediaProblem(
-                f"{url.host} sent Content-Encoding {encoding!r}; only identity is accepted"
+                f"{host} sent Content-Encoding {_quoted(encoding)}; only identity is accepted"
             )
         limit, limit_name = _byte_limit(remote, limits)
         declared = response.headers.get("content-length", "")
         if limit is not None and declared.isdigit() and int(declared) > limit:
             raise MediaProblem(
-                f"{url.host} declares {int(declared):,} bytes, over the limit of {limit:,} "
+                f"{host} declares {int(declared):,} bytes, over the limit of {limit:,} "
                 f"bytes ({limit_name})"
             )
         body = bytearray()
@@ -454,7 +473,7 @@ def _get(url: httpx.URL, remote: RemoteMedia, limits: MediaLimits, deadline: flo
             body += chunk
             if limit is not None and len(body) > limit:
                 raise MediaProblem(
-                    f"{url.host} sent more than {limit:,} bytes, the limit ({limit_name})"
+                    f"{host} sent more than {limit:,} bytes, the limit ({limit_name})"
                 )
         return bytes(body)
     finally:

@@ -20,7 +20,12 @@ Local files are read only when they are *regular* files inside the allowed direc
   chunks.
 
 Every refusal is a :class:`~mmproc.media.problem.MediaProblem` naming the path as given (not what
-it resolves to, which a client should not learn) and the limit.
+it resolves to, which a client should not learn) and the limit. With paths unconfined a client
+may name any file the server can read, so a refusal about a path never says more about the file
+than that it was refused: never its size (a file over the byte limit "is over the limit of N
+bytes") and never its contents. Every message is bounded: a path, scheme or media type it quotes
+is cut to :data:`QUOTE_CHARS` characters (with an ellipsis), and a path longer than
+:data:`MAX_PATH_CHARS` is refused before it is resolved.
 """
 
 from __future__ import annotations
@@ -38,12 +43,24 @@ from mmproc.media.policy import MediaLimits, MediaOptions
 from mmproc.media.problem import MediaProblem
 
 __all__ = [
+    "MAX_PATH_CHARS",
+    "QUOTE_CHARS",
     "check_item_size",
     "decode_data_url",
     "is_url",
+    "quoted",
     "read_local_file",
     "read_media_bytes",
+    "shortened",
 ]
+
+QUOTE_CHARS = 200
+"""The most characters of a caller's string (a path, a URL's host, a media type) a refusal
+quotes; longer ones are cut, with an ellipsis."""
+
+MAX_PATH_CHARS = 4096
+"""The longest file path accepted (Linux's ``PATH_MAX``): a longer one is refused before it is
+resolved, which would otherwise cost a system call per component."""
 
 # "scheme://..." — anything that looks like a URL rather than a local path.
 _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -58,6 +75,16 @@ _FILE_KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+def shortened(text: str) -> str:
+    """``text`` cut to :data:`QUOTE_CHARS` characters, with an ellipsis when it was longer."""
+    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "…"
+
+
+def quoted(text: str) -> str:
+    """``text`` as a refusal quotes it: the ``repr`` of :func:`shortened` ``text``."""
+    return repr(shortened(text))
 
 
 def is_url(text: str) -> bool:
@@ -104,8 +131,8 @@ def read_media_bytes(
             scheme = match.group(1).lower()
             if scheme not in ("http", "https"):
                 raise MediaProblem(
-                    f"{scheme}:// URLs are not supported; pass the bytes, a local path, a data: "
-                    "URL or an http(s):// URL"
+                    f"{quoted(scheme)}:// URLs are not supported; pass the bytes, a local path, "
+                    "a data: URL or an http(s):// URL"
                 )
             if options.remote is None:
                 raise MediaProblem(
@@ -128,7 +155,8 @@ def decode_data_url(url: str, accepted_types: tuple[str, ...], limits: MediaLimi
     media_type = params[0].strip().lower()
     if not media_type.startswith(accepted_types):
         expected = " or ".join(f"{prefix}*" for prefix in accepted_types)
-        raise MediaProblem(f"data: URL media type {media_type or '(none)'!r} is not {expected}")
+        shown = quoted(media_type) if media_type else "'(none)'"
+        raise MediaProblem(f"data: URL media type {shown} is not {expected}")
     if "base64" not in (p.strip().lower() for p in params[1:]):
         raise MediaProblem("data: URLs must be base64-encoded (';base64,')")
     # Refuse before decoding: base64 holds 3 bytes per 4 characters.
@@ -136,7 +164,7 @@ def decode_data_url(url: str, accepted_types: tuple[str, ...], limits: MediaLimi
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise MediaProblem(f"invalid base64 in data: URL: {exc}") from exc
+        raise MediaProblem(f"invalid base64 in data: URL: {shortened(str(exc))}") from exc
 
 
 def _confine(text: str, allowed_paths: tuple[Path, ...]) -> tuple[Path, tuple[str, ...]]:
@@ -149,12 +177,12 @@ def _confine(text: str, allowed_paths: tuple[Path, ...]) -> tuple[Path, tuple[st
     try:
         resolved = Path(os.path.realpath(text))
     except OSError as exc:  # a symlink on the way changed while it was being read
-        raise MediaProblem(f"cannot open {text!r}: it changed while being opened") from exc
+        raise MediaProblem(f"cannot open {quoted(text)}: it changed while being opened") from exc
     for root in allowed_paths:
         if resolved.is_relative_to(root):
             return root, resolved.relative_to(root).parts
     raise MediaProblem(
-        f"{text!r} is outside the allowed media directories (MediaOptions.allowed_paths; "
+        f"{quoted(text)} is outside the allowed media directories (MediaOptions.allowed_paths; "
         "symlinks and '..' are resolved first)"
     )
 
@@ -205,6 +233,8 @@ def read_local_file(
         raise MediaProblem(f"file paths must be str or os.PathLike[str], got {type(text).__name__}")
     if "\x00" in text:
         raise MediaProblem("file path contains a NUL character")
+    if len(text) > MAX_PATH_CHARS:
+        raise MediaProblem(f"file path {quoted(text)} is longer than {MAX_PATH_CHARS} characters")
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
         if allowed_paths is None:
@@ -212,29 +242,37 @@ def read_local_file(
         else:
             fd = _open_beneath(*_confine(text, allowed_paths), flags)
     except FileNotFoundError as exc:
-        raise MediaProblem(f"no such file: {text!r}") from exc
+        raise MediaProblem(f"no such file: {quoted(text)}") from exc
     except _SymlinkAppeared as exc:
         raise MediaProblem(
-            f"cannot open {text!r}: it changed while being opened (a symlink appeared in its "
+            f"cannot open {quoted(text)}: it changed while being opened (a symlink appeared in its "
             "path; MediaOptions.allowed_paths)"
         ) from exc
     except OSError as exc:
-        raise MediaProblem(f"cannot open {text!r}: {exc.strerror or exc}") from exc
+        raise MediaProblem(f"cannot open {quoted(text)}: {exc.strerror or exc}") from exc
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a file")
             if kind == "a directory":
-                raise MediaProblem(f"{text!r} is a directory, not a file")
-            raise MediaProblem(f"{text!r} is {kind}, not a regular file")
-        check_item_size(info.st_size, limits, what=repr(text))
+                raise MediaProblem(f"{quoted(text)} is a directory, not a file")
+            raise MediaProblem(f"{quoted(text)} is {kind}, not a regular file")
+        _check_file_size(info.st_size, text, limits)
         return _read_all(fd, text, limits)
     finally:
         os.close(fd)
 
 
-def _read_all(fd: int, text: str, limits: MediaLimits) -> bytes:
+def _check_file_size(size: int, text: str, limits: MediaLimits) -> None:
+    """Refuse a file over ``MediaLimits.max_item_bytes`` without saying how large it is."""
     limit = limits.max_item_bytes
+    if limit is not None and size > limit:
+        raise MediaProblem(
+            f"{quoted(text)} is over the limit of {limit:,} bytes (MediaLimits.max_item_bytes)"
+        )
+
+
+def _read_all(fd: int, text: str, limits: MediaLimits) -> bytes:
     timeout = limits.read_timeout_s
     deadline = None if timeout is None else time.monotonic() + timeout
     buf = bytearray()
@@ -242,16 +280,13 @@ def _read_all(fd: int, text: str, limits: MediaLimits) -> bytes:
         try:
             chunk = os.read(fd, _CHUNK)
         except OSError as exc:
-            raise MediaProblem(f"cannot read {text!r}: {exc.strerror or exc}") from exc
+            raise MediaProblem(f"cannot read {quoted(text)}: {exc.strerror or exc}") from exc
         if not chunk:
             return bytes(buf)
         buf += chunk
-        if limit is not None and len(buf) > limit:
-            raise MediaProblem(
-                f"{text!r} has more than {limit:,} bytes, the limit (MediaLimits.max_item_bytes)"
-            )
+        _check_file_size(len(buf), text, limits)
         if deadline is not None and time.monotonic() > deadline:
             raise MediaProblem(
-                f"reading {text!r} took longer than the limit of {timeout:g} s "
+                f"reading {quoted(text)} took longer than the limit of {timeout:g} s "
                 "(MediaLimits.read_timeout_s)"
             )
