@@ -263,6 +263,20 @@ def test_a_path_is_quoted_up_to_200_characters_with_an_ellipsis(root: Path) -> N
     assert err.reason == f"cannot open {(missing[:200] + '…')!r}: File name too long"
 
 
+@pytest.mark.parametrize("scheme", ["DATA", "Data", "dAtA"])
+def test_the_data_url_scheme_is_case_insensitive(scheme: str) -> None:
+    png = _png(5)
+    url = f"{scheme}:image/png;base64," + base64.b64encode(png).decode()
+    image = parse_mm_data({"image": url})["image"][0]
+    assert image.tobytes() == parse_mm_data({"image": png})["image"][0].tobytes()
+
+
+def test_an_upper_case_data_url_is_refused_as_a_data_url_not_as_a_path() -> None:
+    err = _refused("DATA:image/png;base64,not base64!" + "A" * HUGE)
+    assert err.reason.startswith("invalid base64 in data: URL: ")
+    assert len(err.reason) <= MESSAGE_BOUND
+
+
 def test_a_read_slower_than_the_time_limit_is_refused(tmp_path: Path) -> None:
     big = tmp_path / "big.png"
     big.write_bytes(_png() + bytes(3 << 20))  # several chunks to read

@@ -1,5 +1,9 @@
 """Getting an item's encoded bytes: from bytes, a ``data:`` URL, a local file or an http(s) URL.
 
+A string is a URL when it starts with a scheme, in any case (RFC 3986: ``DATA:`` and ``Data:``
+are ``data:`` URLs, ``HTTPS://`` is ``https://``); any other string is a path (a file whose
+name starts with ``data:`` is given as ``./data:...``).
+
 Local files are read only when they are *regular* files inside the allowed directories:
 
 * Confinement: with ``MediaOptions.allowed_paths`` set, the path is resolved (symlinks, ``..``)
@@ -124,7 +128,7 @@ def read_media_bytes(
         check_item_size(len(data), limits)
         return data
     if isinstance(raw, str):
-        if raw.startswith("data:"):
+        if raw[:5].lower() == "data:":  # schemes are case-insensitive (RFC 3986)
             return decode_data_url(raw, data_url_types, limits)
         match = _URL_RE.match(raw)
         if match:
@@ -146,8 +150,8 @@ def read_media_bytes(
 
 
 def decode_data_url(url: str, accepted_types: tuple[str, ...], limits: MediaLimits) -> bytes:
-    """The payload of a base64 ``data:`` URL whose media type starts with one of
-    ``accepted_types``."""
+    """The payload of a base64 ``data:`` URL (the scheme in any case: ``DATA:`` too) whose media
+    type starts with one of ``accepted_types``."""
     header, sep, payload = url.partition(",")
     if not sep:
         raise MediaProblem("malformed data: URL (no ',' before the data)")
