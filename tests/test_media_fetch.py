@@ -7,13 +7,14 @@ from __future__ import annotations
 import io
 import ipaddress
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import pytest
+from _trickling_server import BODY, BODY_BURST, HEADERS, TLS_RECORD, TricklingServer
 from mmproc.errors import MediaItemError
 from mmproc.hashing import hash_item
 from mmproc.inputs import parse_mm_data
@@ -228,26 +229,87 @@ def test_a_redirect_to_another_scheme_is_refused(server: str) -> None:
     assert err.reason == "redirect 1 has scheme 'file'; only http and https are fetched"
 
 
-def test_public_addresses() -> None:
-    public = ["8.8.8.8", "2001:4860:4860::8888", "::ffff:8.8.8.8"]
-    private = [
-        "127.0.0.1",
-        "10.1.2.3",
-        "172.16.0.1",
-        "192.168.1.1",
-        "169.254.169.254",
-        "100.64.0.1",  # carrier-grade NAT
-        "0.0.0.0",
-        "224.0.0.1",
-        "::1",
-        "fe80::1",
-        "fc00::1",
-        "::ffff:127.0.0.1",  # IPv4-mapped
-        "64:ff9b::a00:1",  # NAT64 of 10.0.0.1
-        "2002:7f00:1::",  # 6to4 of 127.0.0.1
-    ]
-    assert [address_is_public(ipaddress.ip_address(a)) for a in public] == [True] * len(public)
-    assert [address_is_public(ipaddress.ip_address(a)) for a in private] == [False] * len(private)
+# (address, public?, why): the IANA special-purpose registries (IPv4 and IPv6), IPv4 forms inside
+# IPv6, and ordinary public addresses.
+ADDRESSES = [
+    ("8.8.8.8", True, "public IPv4"),
+    ("1.1.1.1", True, "public IPv4"),
+    ("2001:4860:4860::8888", True, "public IPv6"),
+    ("2606:4700::1111", True, "public IPv6"),
+    ("::ffff:8.8.8.8", True, "IPv4-mapped public address"),
+    ("64:ff9b::808:808", True, "well-known NAT64 of 8.8.8.8"),
+    ("2002:808:808::1", True, "6to4 of 8.8.8.8"),
+    ("192.0.0.9", True, "PCP anycast (globally reachable in the registry)"),
+    ("192.31.196.1", True, "AS112-v4"),
+    ("2001:1::1", True, "PCP anycast"),
+    ("2001:3::1", True, "AMT"),
+    ("2001:4:112::1", True, "AS112-v6"),
+    ("2001:20::1", True, "ORCHIDv2"),
+    ("0.0.0.0", False, "this host"),
+    ("0.1.2.3", False, "this network"),
+    ("10.1.2.3", False, "private"),
+    ("100.64.0.1", False, "carrier-grade NAT"),
+    ("127.0.0.1", False, "loopback"),
+    ("169.254.169.254", False, "link-local (cloud metadata)"),
+    ("172.16.0.1", False, "private"),
+    ("192.0.0.1", False, "IETF protocol assignments"),
+    ("192.0.0.170", False, "NAT64 discovery"),
+    ("192.0.2.1", False, "documentation"),
+    ("192.88.99.1", False, "deprecated 6to4 relay anycast"),
+    ("192.168.1.1", False, "private"),
+    ("198.18.0.1", False, "benchmarking"),
+    ("198.51.100.1", False, "documentation"),
+    ("203.0.113.1", False, "documentation"),
+    ("224.0.0.1", False, "multicast"),
+    ("240.0.0.1", False, "reserved"),
+    ("255.255.255.255", False, "broadcast"),
+    ("::", False, "unspecified"),
+    ("::1", False, "loopback"),
+    ("::127.0.0.1", False, "IPv4-compatible (deprecated) of loopback"),
+    ("::169.254.169.254", False, "IPv4-compatible of link-local"),
+    ("::8.8.8.8", False, "IPv4-compatible: deprecated, whatever it embeds"),
+    ("::ffff:127.0.0.1", False, "IPv4-mapped loopback"),
+    ("::ffff:169.254.169.254", False, "IPv4-mapped link-local"),
+    ("::ffff:0:127.0.0.1", False, "IPv4-translated (SIIT)"),
+    ("64:ff9b::a00:1", False, "well-known NAT64 of 10.0.0.1"),
+    ("64:ff9b::7f00:1", False, "well-known NAT64 of 127.0.0.1"),
+    ("64:ff9b:1::808:808", False, "local-use NAT64 prefix"),
+    ("100::1", False, "discard-only"),
+    ("100:0:0:1::1", False, "dummy prefix"),
+    ("2001::1", False, "Teredo"),
+    ("2001:0:4136:e378:8000:63bf:3fff:fdd2", False, "Teredo with a public server"),
+    ("2001:2::1", False, "benchmarking"),
+    ("2001:10::1", False, "deprecated ORCHID"),
+    ("2001:db8::1", False, "documentation"),
+    ("2002:7f00:1::", False, "6to4 of 127.0.0.1"),
+    ("2002:a9fe:a9fe::1", False, "6to4 of 169.254.169.254"),
+    ("3fff::1", False, "documentation (2024)"),
+    ("5f00::1", False, "SRv6 SIDs"),
+    ("fc00::1", False, "unique local"),
+    ("fd12:3456::1", False, "unique local"),
+    ("fe80::1", False, "link-local"),
+    ("fec0::1", False, "site-local (deprecated)"),
+    ("ff02::1", False, "multicast"),
+    ("4000::1", False, "unallocated (outside 2000::/3)"),
+]
+
+
+@pytest.mark.parametrize(
+    ("address", "public"), [(a, p) for a, p, _ in ADDRESSES], ids=[w for *_, w in ADDRESSES]
+)
+def test_an_address_is_public_only_outside_every_special_purpose_range(
+    address: str, public: bool
+) -> None:
+    assert address_is_public(ipaddress.ip_address(address)) is public
+
+
+@pytest.mark.parametrize("target", ["[::127.0.0.1]", "[::ffff:7f00:1]", "[64:ff9b::7f00:1]"])
+def test_an_ipv6_form_of_loopback_is_refused_where_it_is_connected_to(
+    server: str, target: str
+) -> None:
+    port = server.rsplit(":", 1)[1]
+    err = _refused(f"{server}/to?u=http://{target}:{port}/media/cat.png", LOOPBACK, server)
+    assert "which is not a public address" in err.reason
 
 
 def test_domain_patterns() -> None:
@@ -303,6 +365,56 @@ def test_a_trickling_server_hits_the_deadline(server: str) -> None:
     )
 
 
+DEADLINE_S = 1.0
+HANG_GUARD_S = 10 * DEADLINE_S  # a fetch not refused by then would trickle on for minutes
+
+
+def _refused_within_the_hang_guard(url: str, options: MediaOptions) -> MediaItemError:
+    """Fetch ``url`` on a thread; the error it ends with, once it has ended within the guard."""
+    outcome: list[BaseException | None] = []
+
+    def fetch() -> None:
+        try:
+            parse_mm_data({"image": url}, media=options)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert outcome, f"the fetch was still running after {HANG_GUARD_S:g} s"
+    assert isinstance(outcome[0], MediaItemError), outcome[0]
+    return outcome[0]
+
+
+@pytest.mark.parametrize(
+    ("payload", "burst", "url"),
+    [
+        (HEADERS, 0, lambda trickler, base: trickler.url()),
+        (BODY, BODY_BURST, lambda trickler, base: trickler.url()),
+        (TLS_RECORD, 0, lambda trickler, base: trickler.url("https")),
+        (HEADERS, 0, lambda trickler, base: f"{base}/to?u={trickler.url()}"),
+    ],
+    ids=["status-and-headers", "body", "tls-handshake", "after-a-redirect"],
+)
+def test_a_fetch_whose_server_trickles_is_refused_at_the_deadline(
+    server: str,
+    payload: bytes,
+    burst: int,
+    url: Callable[[TricklingServer, str], str],
+) -> None:
+    # One byte every 50 ms: each read returns long before any read timeout would fire.
+    options = _remote(timeout_s=DEADLINE_S)
+    with TricklingServer(payload, interval=0.05, burst=burst) as trickler:
+        err = _refused_within_the_hang_guard(url(trickler, server), options)
+    assert err.reason == (
+        f"fetching from 127.0.0.1 took longer than the limit of {DEADLINE_S:g} s "
+        "(RemoteMedia.timeout_s)"
+    )
+    assert parse_mm_data({"image": f"{server}/media/cat.png"}, media=options)["image"]
+
+
 def test_the_shorter_time_limit_applies(server: str) -> None:
     options = MediaOptions(
         remote=RemoteMedia(allowed_networks=("127.0.0.1/32",), timeout_s=30),
@@ -326,6 +438,21 @@ def test_an_http_error_is_named(server: str) -> None:
 def test_a_closed_port_is_named(server: str) -> None:
     err = _refused("http://127.0.0.1:9/cat.png", LOOPBACK, server)
     assert err.reason.startswith("cannot fetch from 127.0.0.1: ConnectError")
+
+
+@pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("http://" + "a" * 60_000 + ".example/cat.png", _remote(allowed_domains=("127.0.0.1",))),
+        ("http://" + "a" * 60_000 + ".invalid/cat.png", LOOPBACK),  # cannot be resolved
+        ("http://127.0.0.1:" + "1" * 60_000 + "/cat.png", LOOPBACK),  # an invalid port
+    ],
+    ids=["not-allowed", "unresolvable", "invalid-port"],
+)
+def test_a_refusal_quotes_at_most_a_bounded_part_of_the_url(
+    server: str, url: str, options: MediaOptions
+) -> None:
+    assert len(_refused(url, options, server).reason) <= 600
 
 
 def test_an_invalid_url_is_named(server: str) -> None:

@@ -18,6 +18,8 @@ from mmproc.errors import MediaItemError
 from mmproc.inputs import parse_mm_data
 from mmproc.media import ALLOWED_MEDIA_PATHS_ENV, MediaLimits, MediaOptions
 from mmproc.media import allowed_media_paths_from_env as from_env
+from mmproc.media.problem import MediaProblem
+from mmproc.media.sources import read_local_file
 from PIL import Image
 
 HANG_GUARD_S = 30  # a refusal that has not come back by then never will
@@ -84,6 +86,57 @@ def test_a_symlink_that_stays_inside_is_followed(root: Path) -> None:
     (root / "alias.png").symlink_to(root / "ok.png")
     options = MediaOptions(allowed_paths=[root])
     assert parse_mm_data({"image": root / "alias.png"}, media=options)["image"][0].size == (16, 12)
+
+
+def test_a_symlinked_directory_that_stays_inside_is_followed(root: Path) -> None:
+    (root / "real").mkdir()
+    (root / "real" / "in.png").write_bytes(_png(2))
+    (root / "alias").symlink_to(root / "real")
+    options = MediaOptions(allowed_paths=[root])
+    assert parse_mm_data({"image": root / "alias" / "in.png"}, media=options)["image"]
+
+
+def test_a_directory_swapped_for_a_symlink_while_being_read_never_lets_an_outside_file_through(
+    root: Path,
+) -> None:
+    # media/a/f.png is inside; a thread keeps turning media/a into a symlink to the outside
+    # directory (which holds its own f.png) and back, while this thread reads media/a/f.png.
+    inside, outside = _png(3), _png(4)
+    parked_dir, parked_link = root / "parked-dir", root / "parked-link"
+    parked_dir.mkdir()
+    (parked_dir / "f.png").write_bytes(inside)
+    (root.parent / "outside" / "f.png").write_bytes(outside)
+    parked_link.symlink_to(root.parent / "outside")
+    swapped = root / "a"
+    os.rename(parked_dir, swapped)
+    stop = threading.Event()
+    swaps = [0]
+
+    def swap() -> None:
+        while not stop.is_set():
+            os.rename(swapped, parked_dir)
+            os.rename(parked_link, swapped)  # media/a -> outside
+            os.rename(swapped, parked_link)
+            os.rename(parked_dir, swapped)  # media/a is the directory again
+            swaps[0] += 1
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    read: dict[str, int] = {"inside": 0, "outside": 0, "refused": 0}
+    limits = MediaLimits()
+    try:
+        for _ in range(3000):
+            try:
+                data = read_local_file(swapped / "f.png", allowed_paths=(root,), limits=limits)
+            except MediaProblem:
+                read["refused"] += 1
+            else:
+                read["inside" if data == inside else "outside"] += 1
+    finally:
+        stop.set()
+        swapper.join(HANG_GUARD_S)
+    assert swaps[0] > 0 and read["refused"] > 0  # the race was run
+    assert read["outside"] == 0, read
 
 
 def test_an_allowed_directory_given_through_a_symlink_still_contains_its_files(
@@ -158,14 +211,16 @@ def test_a_missing_file_is_named(root: Path) -> None:
     assert _refused(root / "nope.png").reason == f"no such file: {str(root / 'nope.png')!r}"
 
 
-def test_a_file_over_the_byte_limit_is_refused(root: Path) -> None:
+def test_a_file_over_the_byte_limit_is_refused_without_its_size(root: Path) -> None:
     size = (root / "ok.png").stat().st_size
     limits = MediaLimits(max_item_bytes=size - 1)
     err = _refused(root / "ok.png", MediaOptions(limits=limits))
+    # A client naming any readable file must not learn its size.
     assert err.reason == (
-        f"{str(root / 'ok.png')!r} has {size:,} bytes, over the limit of {size - 1:,} bytes "
+        f"{str(root / 'ok.png')!r} is over the limit of {size - 1:,} bytes "
         "(MediaLimits.max_item_bytes)"
     )
+    assert f"{size:,}" not in err.reason and str(size) not in err.reason
     exact = MediaOptions(limits=MediaLimits(max_item_bytes=size))
     assert parse_mm_data({"image": root / "ok.png"}, media=exact)["image"]
 
@@ -173,10 +228,53 @@ def test_a_file_over_the_byte_limit_is_refused(root: Path) -> None:
 def test_a_proc_file_that_claims_no_size_is_still_cut_at_the_limit() -> None:
     # /proc files report a size of 0 and yield more: the limit holds while reading.
     err = _refused("/proc/self/maps", MediaOptions(limits=MediaLimits(max_item_bytes=64)))
-    assert (
-        err.reason
-        == "'/proc/self/maps' has more than 64 bytes, the limit (MediaLimits.max_item_bytes)"
+    assert err.reason == (
+        "'/proc/self/maps' is over the limit of 64 bytes (MediaLimits.max_item_bytes)"
     )
+
+
+HUGE = 5_000_000  # characters: a refusal must not echo them
+MESSAGE_BOUND = 600
+
+
+@pytest.mark.parametrize(
+    ("item", "options"),
+    [
+        ("x" * HUGE, None),  # a path too long to open
+        ("/" + "x/" * (HUGE // 2), None),  # a path of many components
+        ("DATA:" + "A" * HUGE, None),  # an upper-case data: URL without its ','
+        ("data:" + "a" * HUGE + ";base64,AAAA", None),  # a media type of 5 MB
+        ("gopher" * (HUGE // 6) + "://host/", None),  # an unsupported scheme
+        ("/elsewhere/" + "x" * HUGE, "confined"),  # outside the allowed directories
+    ],
+    ids=["path", "components", "upper-case-data", "media-type", "scheme", "outside"],
+)
+def test_a_refusal_quotes_at_most_a_bounded_part_of_what_it_was_given(
+    root: Path, item: str, options: str | None
+) -> None:
+    media = MediaOptions(allowed_paths=[root]) if options == "confined" else None
+    err = _refused(item, media)
+    assert len(err.reason) <= MESSAGE_BOUND, err.reason[:300]
+
+
+def test_a_path_is_quoted_up_to_200_characters_with_an_ellipsis(root: Path) -> None:
+    missing = str(root / ("m" * 300))  # longer than a name may be
+    err = _refused(missing)
+    assert err.reason == f"cannot open {(missing[:200] + '…')!r}: File name too long"
+
+
+@pytest.mark.parametrize("scheme", ["DATA", "Data", "dAtA"])
+def test_the_data_url_scheme_is_case_insensitive(scheme: str) -> None:
+    png = _png(5)
+    url = f"{scheme}:image/png;base64," + base64.b64encode(png).decode()
+    image = parse_mm_data({"image": url})["image"][0]
+    assert image.tobytes() == parse_mm_data({"image": png})["image"][0].tobytes()
+
+
+def test_an_upper_case_data_url_is_refused_as_a_data_url_not_as_a_path() -> None:
+    err = _refused("DATA:image/png;base64,not base64!" + "A" * HUGE)
+    assert err.reason.startswith("invalid base64 in data: URL: ")
+    assert len(err.reason) <= MESSAGE_BOUND
 
 
 def test_a_read_slower_than_the_time_limit_is_refused(tmp_path: Path) -> None:

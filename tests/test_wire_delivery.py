@@ -6,7 +6,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,14 @@ from mmproc.wire import (
     WireFeature,
     encode_request,
 )
-from mmproc.wire.delivery import Envelope, unpack_reply
+from mmproc.wire.delivery import (
+    DEDUP_ENTRIES_PER_SENDER,
+    DEDUP_HOLD,
+    DEDUP_SENDERS,
+    Envelope,
+    ReceiverLedger,
+    unpack_reply,
+)
 
 # Generous: only reached when something is broken, never a measure of speed.
 WAIT = 10.0
@@ -156,6 +165,154 @@ def test_bad_delivery_settings_are_configuration_errors(ipc_address: str) -> Non
         RequestSender(ipc_address, max_attempts=0)
     with pytest.raises(ConfigurationError, match="window"):
         RequestSender(ipc_address, window=True)  # type: ignore[arg-type]
+
+
+def test_a_sender_may_not_outgrow_what_a_receiver_remembers_of_it(ipc_address: str) -> None:
+    with pytest.raises(ConfigurationError, match="window must be at most 4096 requests"):
+        RequestSender(ipc_address, window=DEDUP_ENTRIES_PER_SENDER + 1)
+    with pytest.raises(ConfigurationError, match=r"ack_timeout \* max_attempts must be at most"):
+        RequestSender(ipc_address, ack_timeout=DEDUP_HOLD, max_attempts=2)
+    RequestSender(
+        ipc_address, window=DEDUP_ENTRIES_PER_SENDER, ack_timeout=DEDUP_HOLD / 3, max_attempts=3
+    ).close()
+
+
+# --- the receiver's memory of its senders, under a flood ----------------------------------------
+
+
+def _drain_until(receiver: RequestReceiver, done: Callable[[], bool]) -> None:
+    """Let the receiver read (and hand out nothing) until ``done()``."""
+    deadline = time.monotonic() + WAIT
+    while not done():
+        assert time.monotonic() < deadline, "the receiver did not read the flood"
+        assert receiver.recv(timeout=0.05) is None
+
+
+def test_malformed_messages_from_many_new_senders_do_not_make_a_live_senders_resend_a_delivery(
+    ipc_address: str,
+) -> None:
+    context = zmq.Context()
+    live = context.socket(zmq.DEALER)
+    flooders = [context.socket(zmq.DEALER) for _ in range(8)]
+    try:
+        with RequestReceiver(ipc_address, context=context) as receiver:
+            for peer in (live, *flooders):
+                peer.connect(ipc_address)
+            session = os.urandom(16)
+            frames = encode_request(make_request("live"))
+            live.send_multipart([Envelope(session, 0, 0, 1).pack(), *frames])
+            first = receiver.recv_delivery(timeout=WAIT)
+            assert first is not None and first.request.request_id == "live"
+            # Garbage behind well-formed envelopes, each from a new session, more sessions than
+            # the receiver keeps records for.
+            flood = DEDUP_SENDERS + 1
+            for index in range(flood):
+                garbage = [Envelope(os.urandom(16), 0, 0, 1).pack(), b"\xc1"]
+                flooders[index % len(flooders)].send_multipart(garbage)
+            _drain_until(receiver, lambda: receiver.bad_messages >= flood)
+            # The live sender's acknowledgement was lost: it sends the request again.
+            live.send_multipart([Envelope(session, 0, 0, 2).pack(), *frames])
+            assert receiver.recv(timeout=0.5) is None
+            assert receiver.duplicates == 1 and receiver.received == 1
+            for _ in range(2):  # acknowledged when taken, and again for the copy
+                assert live.poll(int(WAIT * 1000))
+                assert unpack_reply(live.recv()) == (True, session, 0, "")
+    finally:
+        for peer in (live, *flooders):
+            peer.close(linger=0)
+        context.term()
+
+
+def test_a_flood_of_valid_requests_from_new_senders_never_pushes_out_a_live_sender(
+    ipc_address: str,
+) -> None:
+    context = zmq.Context()
+    live, flooder = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+    try:
+        with RequestReceiver(ipc_address, context=context) as receiver:
+            live.connect(ipc_address)
+            flooder.connect(ipc_address)
+            session = os.urandom(16)
+            frames = encode_request(make_request("live"))
+            live.send_multipart([Envelope(session, 0, 0, 1).pack(), *frames])
+            assert receiver.recv(timeout=WAIT) is not None
+            # Well-formed requests, each from a new session: one more than the records left
+            # (sent from a thread: more than the queues hold until the receiver reads).
+            flood = encode_request(make_request("flood"))
+
+            def send_flood() -> None:
+                for _ in range(DEDUP_SENDERS):
+                    flooder.send_multipart([Envelope(os.urandom(16), 0, 0, 1).pack(), *flood])
+
+            sending = threading.Thread(target=send_flood, daemon=True)
+            sending.start()
+            taken = 0
+            deadline = time.monotonic() + WAIT
+            while taken + receiver.turned_away < DEDUP_SENDERS:
+                assert time.monotonic() < deadline, "the receiver did not read the flood"
+                taken += receiver.recv(timeout=0.05) is not None
+            sending.join(WAIT)
+            # Every record is a sender heard from within DEDUP_HOLD: the last newcomer waits.
+            assert (taken, receiver.turned_away) == (DEDUP_SENDERS - 1, 1)
+            live.send_multipart([Envelope(session, 0, 0, 2).pack(), *frames])
+            assert receiver.recv(timeout=0.5) is None
+            assert receiver.duplicates == 1 and receiver.received == DEDUP_SENDERS
+    finally:
+        live.close(linger=0)
+        flooder.close(linger=0)
+        context.term()
+
+
+def envelope_of(session: int, sequence: int = 0, base: int = 0) -> Envelope:
+    return Envelope(session.to_bytes(16, "big"), sequence, base, 1)
+
+
+def test_a_full_ledger_forgets_only_a_silent_acknowledged_sender_past_the_hold() -> None:
+    hold = 0.2
+    ledger = ReceiverLedger(max_sessions=2, hold=hold)
+    acked, pending, newcomer = envelope_of(1), envelope_of(2), envelope_of(3)
+    ledger.delivered(acked, acknowledged=True, now=time.monotonic())
+    ledger.delivered(pending, acknowledged=False, now=time.monotonic())
+    assert not ledger.admits(newcomer, time.monotonic())  # both heard from within the hold
+    time.sleep(hold * 1.5)
+    now = time.monotonic()
+    assert ledger.admits(newcomer, now)
+    ledger.delivered(newcomer, acknowledged=True, now=now)
+    # The acknowledged one went; the one whose delivery awaits the engine's ack stayed.
+    assert ledger.seen(acked) is None and ledger.seen(pending) is False
+    assert ledger.seen(newcomer) is True
+    time.sleep(hold * 1.5)
+    ledger.heard_again(newcomer, time.monotonic())  # it sends a copy: alive again
+    assert not ledger.admits(envelope_of(4), time.monotonic())  # pending still holds its place
+    ledger.acknowledged(pending)
+    assert ledger.admits(envelope_of(4), time.monotonic())
+
+
+def test_a_sender_that_breaks_its_window_forgets_only_its_own_entries() -> None:
+    ledger = ReceiverLedger(max_per_session=3)
+    now = time.monotonic()
+    other = envelope_of(9)
+    ledger.delivered(other, acknowledged=True, now=now)
+    for sequence in range(5):
+        ledger.delivered(envelope_of(1, sequence), acknowledged=True, now=now)
+    assert [ledger.seen(envelope_of(1, sequence)) for sequence in range(5)] == [
+        None,
+        None,
+        True,
+        True,
+        True,
+    ]
+    assert ledger.seen(other) is True and ledger.entries == 4
+
+
+def test_a_senders_base_forgets_what_it_settled() -> None:
+    ledger = ReceiverLedger()
+    now = time.monotonic()
+    for sequence in range(3):
+        ledger.delivered(envelope_of(1, sequence), acknowledged=True, now=now)
+    ledger.delivered(envelope_of(1, 3, base=2), acknowledged=True, now=now)
+    assert ledger.entries == 2
+    assert ledger.seen(envelope_of(1, 0)) is False  # below the base: dropped, unanswered
 
 
 # --- a receiver process killed mid-stream ---------------------------------------------------------

@@ -213,7 +213,8 @@ class MediaLimits:
     Files and downloads are read incrementally and stopped at the limit."""
     read_timeout_s: float | None = 30.0
     """The longest one file read may take (checked between chunks: a read the kernel blocks in,
-    e.g. on a hung network file system, is not interrupted)."""
+    e.g. on a hung network file system, is not interrupted); for a URL, the deadline of the
+    download when shorter than ``RemoteMedia.timeout_s``."""
     max_video_seconds: float | None = 600.0
     """The longest video file (by its frames' timestamps), checked before decoding any frame."""
     max_video_frames: int | None = 1024
@@ -255,11 +256,12 @@ class RemoteMedia:
 
     Every hop (the URL and each redirect) must use http or https, have a host the allow-list
     admits, and resolve only to public addresses: loopback, private, link-local, shared,
-    multicast and reserved addresses are refused (checked on the addresses the name resolves to,
-    which are the addresses connected to) unless ``allow_private_addresses`` or
+    multicast, reserved and every other special-purpose address, in IPv4 and in each IPv6 form
+    (`mmproc.media.fetch.address_is_public`), are refused (checked on the addresses the name
+    resolves to, which are the addresses connected to) unless ``allow_private_addresses`` or
     ``allowed_networks`` lets them through. Proxies and ``.netrc`` from the environment are
     ignored. A download obeys both this and ``MediaLimits``: the smaller byte limit, the shorter
-    time.
+    deadline (``timeout_s`` or ``MediaLimits.read_timeout_s``).
     """
 
     allowed_domains: tuple[str, ...] | None = None
@@ -269,8 +271,10 @@ class RemoteMedia:
     max_bytes: int | None = None
     """The most bytes one download may have; ``None``: ``MediaLimits.max_item_bytes``."""
     timeout_s: float = 10.0
-    """The longest one download may take, redirects included (also the connect and read
-    timeout of each request)."""
+    """The deadline of one download, in seconds: resolving, connecting, TLS, status line,
+    headers and body, of the URL and every redirect together. It holds against a server that
+    trickles its bytes (each socket operation gets only the time left). Each download holds an
+    ``io_workers`` thread until it ends, so this bounds what a slow server can hold."""
     max_redirects: int = 3
     """Redirects followed per URL (0: none)."""
     allow_private_addresses: bool = False

@@ -12,8 +12,26 @@ session and sequence, and a higher attempt number).
 A receiver remembers, per session, which sequence numbers at or above the sender's base it has
 delivered, and drops a message it has delivered before (acknowledging it again when it had been
 acknowledged, since the first acknowledgement may be what was lost). Below the base nothing needs
-remembering: the sender is done with those. That memory is bounded (`DEDUP_ENTRIES`), and it is a
-process's memory: a new receiver process starts with none.
+remembering: the sender is done with those. It is a process's memory: a new receiver process
+starts with none.
+
+That memory is the receiver's to defend, since anyone who can connect can send envelopes:
+
+* Only a request that decodes is recorded (and only then does its envelope move its session's
+  base): a malformed message, whatever its envelope says, changes no record and makes none.
+* It is bounded: `DEDUP_SENDERS` sessions, `DEDUP_ENTRIES_PER_SENDER` entries per session and
+  `DEDUP_ENTRIES` in all. A `RequestSender`'s ``window`` is at most `DEDUP_ENTRIES_PER_SENDER`,
+  so only a peer that breaks the window fills its own record (and then forgets its own oldest
+  entries).
+* A full table makes room only by forgetting a sender that cannot send again: the least
+  recently heard-from session whose deliveries are all acknowledged and that has been silent
+  for `DEDUP_HOLD` seconds (a `RequestSender` stops re-sending after ``ack_timeout *
+  max_attempts``, which it keeps under `DEDUP_HOLD`). A live sender's record is never
+  forgotten. When no record can go, a request from a new sender (or one that needs a new
+  entry) is turned away unanswered, before it is decoded; its sender sends it again after
+  ``ack_timeout`` and reports it (`DeliveryFailure`) if it is turned away every time. So a
+  flood of valid-looking requests from many new sessions can delay new senders for up to
+  `DEDUP_HOLD`, never make a request reach the engine twice.
 
 This module holds the formats and both ledgers, and knows nothing of sockets.
 """
@@ -30,14 +48,29 @@ from typing import Any, Final, NamedTuple
 from mmproc.wire.codec import Frame
 from mmproc.wire.schema import EngineRequest
 
-__all__ = ["DEDUP_ENTRIES", "Delivery", "DeliveryFailure"]
+__all__ = [
+    "DEDUP_ENTRIES",
+    "DEDUP_ENTRIES_PER_SENDER",
+    "DEDUP_HOLD",
+    "DEDUP_SENDERS",
+    "Delivery",
+    "DeliveryFailure",
+]
 
 DEDUP_ENTRIES: Final = 1 << 16
-"""Most (session, sequence) entries a receiver remembers over all senders; past it the least
-recently heard-from sender's entries go first. A healthy sender needs about as many entries as it
-has requests in flight (its ``window`` at most)."""
+"""Most (session, sequence) entries a receiver remembers over all senders. A healthy sender
+needs about as many entries as it has requests in flight (its ``window`` at most)."""
 
-_MAX_SESSIONS: Final = 4096
+DEDUP_SENDERS: Final = 4096
+"""Most senders (sessions) a receiver keeps a record for."""
+
+DEDUP_ENTRIES_PER_SENDER: Final = 4096
+"""Most entries one sender's record holds; a `RequestSender`'s ``window`` may not exceed it."""
+
+DEDUP_HOLD: Final = 300.0
+"""Seconds a receiver keeps the record of a sender it has stopped hearing from before it may
+forget it for a new sender; a `RequestSender`'s ``ack_timeout * max_attempts`` (the longest it
+re-sends a request for) may not exceed it."""
 
 # --- formats -------------------------------------------------------------------------------------
 
@@ -256,64 +289,127 @@ class SenderLedger:
 
 
 class _Session:
-    __slots__ = ("base", "delivered")
+    __slots__ = ("base", "delivered", "heard", "unacknowledged")
 
     def __init__(self) -> None:
         self.base = 0
         # sequence -> acknowledged yet (a manual acknowledgement may still be pending)
         self.delivered: OrderedDict[int, bool] = OrderedDict()
+        self.heard = 0.0  # time.monotonic() of the last request or copy taken from it
+        self.unacknowledged = 0  # entries of `delivered` that are False
 
 
 class ReceiverLedger:
-    """Internal: per sender session, which sequence numbers this receiver has delivered."""
+    """Internal: per sender session, which sequence numbers this receiver has delivered, within
+    the bounds and by the eviction rule of the module docstring."""
 
-    __slots__ = ("entries", "max_entries", "sessions")
+    __slots__ = ("entries", "hold", "max_entries", "max_per_session", "max_sessions", "sessions")
 
-    def __init__(self, max_entries: int = DEDUP_ENTRIES) -> None:
+    def __init__(
+        self,
+        max_entries: int = DEDUP_ENTRIES,
+        max_sessions: int = DEDUP_SENDERS,
+        max_per_session: int = DEDUP_ENTRIES_PER_SENDER,
+        hold: float = DEDUP_HOLD,
+    ) -> None:
+        # Least recently heard-from first: every touch moves a session to the end.
         self.sessions: OrderedDict[bytes, _Session] = OrderedDict()
         self.entries = 0
         self.max_entries = max_entries
+        self.max_sessions = max_sessions
+        self.max_per_session = max_per_session
+        self.hold = hold
 
     def seen(self, envelope: Envelope) -> bool | None:
         """None if the message is new; else whether its earlier delivery was acknowledged
-        (False also for a message below the sender's base, which needs no answer)."""
+        (False also for a message below the sender's base, which needs no answer). Changes
+        nothing: the message has not been checked yet."""
         session = self.sessions.get(envelope.session)
         if session is None:
-            session = self.sessions[envelope.session] = _Session()
-            if len(self.sessions) > _MAX_SESSIONS:
-                _, dropped = self.sessions.popitem(last=False)
-                self.entries -= len(dropped.delivered)
-        else:
-            self.sessions.move_to_end(envelope.session)
-        if envelope.base > session.base:
-            session.base = envelope.base
-            delivered = session.delivered
-            while delivered:
-                oldest = next(iter(delivered))
-                if oldest >= session.base:
-                    break
-                del delivered[oldest]
-                self.entries -= 1
+            return None
         if envelope.sequence < session.base:
             return False
         return session.delivered.get(envelope.sequence)
 
-    def delivered(self, envelope: Envelope, acknowledged: bool) -> None:
-        """Remember that ``envelope``'s request was handed out (and whether it was acked)."""
-        session = self.sessions[envelope.session]
-        if envelope.sequence not in session.delivered:
-            self.entries += 1
-        session.delivered[envelope.sequence] = acknowledged
-        while self.entries > self.max_entries:
-            oldest_session = next(iter(self.sessions.values()))
-            if oldest_session.delivered:
-                oldest_session.delivered.popitem(last=False)
-                self.entries -= 1
-            else:
-                self.sessions.popitem(last=False)
+    def heard_again(self, envelope: Envelope, now: float) -> None:
+        """A copy of a delivered request came from a known session: it is alive."""
+        session = self.sessions.get(envelope.session)
+        if session is not None:
+            session.heard = now
+            self.sessions.move_to_end(envelope.session)
+
+    def admits(self, envelope: Envelope, now: float) -> bool:
+        """Whether `delivered` could record ``envelope``'s request now without forgetting a
+        sender that may still send again (see the module docstring)."""
+        return self._victims(envelope, now) is not None
+
+    def _victims(self, envelope: Envelope, now: float) -> list[bytes] | None:
+        """The sessions to forget to record ``envelope``; None when room cannot be made."""
+        session = self.sessions.get(envelope.session)
+        if session is not None and (
+            envelope.sequence in session.delivered
+            or len(session.delivered) >= self.max_per_session  # it recycles its own entries
+        ):
+            return []
+        over_sessions = len(self.sessions) + (session is None) - self.max_sessions
+        over_entries = self.entries + 1 - self.max_entries
+        victims: list[bytes] = []
+        cutoff = now - self.hold
+        for key, other in self.sessions.items():
+            if over_sessions <= 0 and over_entries <= 0:
+                break
+            if other.heard > cutoff:
+                break  # every later one was heard from later still
+            if other.unacknowledged or key == envelope.session:
+                continue
+            victims.append(key)
+            over_sessions -= 1
+            over_entries -= len(other.delivered)
+        if over_sessions > 0 or over_entries > 0:
+            return None
+        return victims
+
+    def delivered(self, envelope: Envelope, acknowledged: bool, now: float) -> None:
+        """Remember that ``envelope``'s request (decoded, and admitted by `admits`) was handed
+        out, and whether it was acknowledged; apply the sender's base."""
+        for key in self._victims(envelope, now) or ():
+            self.entries -= len(self.sessions.pop(key).delivered)
+        session = self.sessions.get(envelope.session)
+        if session is None:
+            session = self.sessions[envelope.session] = _Session()
+        else:
+            self.sessions.move_to_end(envelope.session)
+        session.heard = now
+        delivered = session.delivered
+        if envelope.base > session.base:
+            session.base = envelope.base
+            while delivered:
+                oldest = next(iter(delivered))
+                if oldest >= session.base:
+                    break
+                self._drop(session, delivered.pop(oldest))
+        if envelope.sequence < session.base:
+            return  # the sender says it is settled: copies of it are dropped anyway
+        if envelope.sequence in delivered:
+            if not delivered[envelope.sequence] and acknowledged:
+                session.unacknowledged -= 1
+            delivered[envelope.sequence] = acknowledged or delivered[envelope.sequence]
+            return
+        if len(delivered) >= self.max_per_session:  # only a peer breaking the window gets here
+            self._drop(session, delivered.popitem(last=False)[1])
+        delivered[envelope.sequence] = acknowledged
+        self.entries += 1
+        if not acknowledged:
+            session.unacknowledged += 1
+
+    def _drop(self, session: _Session, acknowledged: bool) -> None:
+        self.entries -= 1
+        if not acknowledged:
+            session.unacknowledged -= 1
 
     def acknowledged(self, envelope: Envelope) -> None:
         """Mark a delivered request as acknowledged."""
         session = self.sessions.get(envelope.session)
-        if session is not None and envelope.sequence in session.delivered:
+        if session is not None and session.delivered.get(envelope.sequence) is False:
             session.delivered[envelope.sequence] = True
+            session.unacknowledged -= 1

@@ -23,8 +23,13 @@ and given-up requests are reported by `RequestSender.take_failures`, with their 
 request is lost silently: `RequestSender.flush` returns True only once every request sent has
 been acknowledged. A receiver never hands the engine the same request twice: a copy it has
 delivered before is dropped (and acknowledged again; it remembers what each sender has not
-settled yet, up to `mmproc.wire.delivery.DEDUP_ENTRIES` requests in all, far more than the
-senders' windows). That memory is the receiver process's own:
+settled yet). That memory is bounded and defended (`mmproc.wire.delivery` has the rules): only
+requests that decode are recorded, so malformed messages cannot push a sender out; a sender's
+record is forgotten only once it is silent, fully acknowledged and past `DEDUP_HOLD`; and when
+a flood of new senders leaves no record to forget, a new sender's request is turned away
+unanswered (and re-sent) rather than risk a duplicate. A sender's ``window`` and its
+``ack_timeout * max_attempts`` are bounded to fit (`DEDUP_ENTRIES_PER_SENDER`, `DEDUP_HOLD`).
+That memory is the receiver process's own:
 a receiver that is killed and restarted forgets it, so a request the old process had handed to
 its engine but could not acknowledge before dying reaches the new one again, as a `Delivery` with
 ``attempt > 1`` -- the one way an engine can see a request twice. An engine that must not run a
@@ -66,6 +71,8 @@ import zmq
 from mmproc.errors import ConfigurationError, DecodeError
 from mmproc.wire.codec import DEFAULT_LIMITS, DecodeLimits, Frame, zero_copy_threshold
 from mmproc.wire.delivery import (
+    DEDUP_ENTRIES_PER_SENDER,
+    DEDUP_HOLD,
     Delivery,
     DeliveryFailure,
     Envelope,
@@ -225,8 +232,11 @@ class RequestSender(_Endpoint):
     (``bind=True``). ``threshold`` is the zero-copy threshold (default: env
     ``MMPROC_ZERO_COPY_THRESHOLD``, else 256 bytes), resolved once here so that a bad setting fails
     at start-up. ``send_hwm`` bounds the outgoing queue in messages, ``window`` the requests not
-    yet settled. A request unacknowledged for ``ack_timeout`` seconds is sent again, up to
-    ``max_attempts`` sends in all, then reported by `take_failures`. ``linger`` is how long `close`
+    yet settled (at most `mmproc.wire.delivery.DEDUP_ENTRIES_PER_SENDER`). A request
+    unacknowledged for ``ack_timeout`` seconds is sent again, up to ``max_attempts`` sends in
+    all, then reported by `take_failures` (``ack_timeout * max_attempts`` at most
+    `mmproc.wire.delivery.DEDUP_HOLD`, so that receivers remember the request as long as it may
+    come again). ``linger`` is how long `close`
     lets queued messages drain, in seconds. A ``context`` passed in is shared and left running;
     otherwise the sender owns one and terminates it on `close`. Safe to use from several threads.
     """
@@ -250,6 +260,20 @@ class RequestSender(_Endpoint):
         _check_positive("ack_timeout", ack_timeout)
         _check_count("max_attempts", max_attempts)
         _check_count("window", window)
+        # What a receiver remembers of a sender must cover everything it may re-send, and for
+        # as long as it may re-send it (mmproc.wire.delivery).
+        if window > DEDUP_ENTRIES_PER_SENDER:
+            raise ConfigurationError(
+                f"window must be at most {DEDUP_ENTRIES_PER_SENDER} requests (what a receiver "
+                f"remembers per sender, mmproc.wire.delivery.DEDUP_ENTRIES_PER_SENDER), got "
+                f"{window}"
+            )
+        if ack_timeout * max_attempts > DEDUP_HOLD:
+            raise ConfigurationError(
+                f"ack_timeout * max_attempts must be at most {DEDUP_HOLD:g} s (how long a "
+                "receiver keeps a silent sender's record, mmproc.wire.delivery.DEDUP_HOLD), got "
+                f"{ack_timeout:g} s * {max_attempts}"
+            )
         self._threshold = zero_copy_threshold(threshold)
         self._linger = linger
         self._window = window
@@ -485,8 +509,10 @@ class RequestReceiver(_Endpoint):
 
     Iterating yields decoded requests until `stop` or `close`. Decoded tensors are read-only views
     over the received frames. A malformed message is counted in `bad_messages`, kept in
-    `last_error`, logged, refused to its sender, and skipped; a copy of a request already handed
-    out is counted in `duplicates` and skipped.
+    `last_error`, logged, refused to its sender, and skipped (it leaves no record of its sender);
+    a copy of a request already handed out is counted in `duplicates` and skipped; a request
+    from a new sender while every sender record is still needed is counted in `turned_away`,
+    logged, and left unanswered (its sender sends it again).
     """
 
     def __init__(
@@ -521,6 +547,9 @@ class RequestReceiver(_Endpoint):
         """Messages rejected as malformed or over the limits."""
         self.duplicates = 0
         """Copies of requests already handed out (re-sent by their sender), dropped."""
+        self.turned_away = 0
+        """Requests left unanswered, to be sent again, because every record of a sender was
+        still needed (`mmproc.wire.delivery`: only a flood of new senders does this)."""
         self.last_error: DecodeError | None = None
         """Why the most recent bad message was rejected."""
         super().__init__(
@@ -592,14 +621,23 @@ class RequestReceiver(_Endpoint):
                 self._drain(more)
                 self._reject(DecodeError("message has no mmproc delivery envelope"))
                 continue
-            seen = self._ledger.seen(envelope)
+            ledger = self._ledger
+            now = time.monotonic()
+            seen = ledger.seen(envelope)
             if seen is not None:
                 # Delivered before: the sender re-sent it, its acknowledgement may be what was
                 # lost. One not acknowledged yet (the engine's ack is pending) is left unanswered.
                 self._drain(more)
+                ledger.heard_again(envelope, now)
                 self.duplicates += 1
                 if seen:
                     self._reply(peer, pack_ack(envelope.session, envelope.sequence))
+                continue
+            if not ledger.admits(envelope, now):
+                # Every record belongs to a sender that may still send again: forgetting one
+                # could hand the engine a request twice. Unanswered, this one is sent again.
+                self._drain(more)
+                self._turn_away()
                 continue
             try:
                 if not more:
@@ -610,7 +648,7 @@ class RequestReceiver(_Endpoint):
                 self._reply(peer, pack_refusal(envelope.session, envelope.sequence, str(exc)))
                 self._reject(exc)
                 continue
-            self._ledger.delivered(envelope, self._auto_ack)
+            ledger.delivered(envelope, self._auto_ack, now)
             if self._auto_ack:
                 self._reply(peer, pack_ack(envelope.session, envelope.sequence))
             else:
@@ -669,6 +707,19 @@ class RequestReceiver(_Endpoint):
         if fault is not None:
             raise DecodeError(fault)
         return frames
+
+    def _turn_away(self) -> None:
+        self.turned_away += 1
+        count = self.turned_away
+        if count <= _LOG_FIRST or count % _LOG_EVERY == 0:
+            logger.warning(
+                "mmproc receiver %s turned away a request from a new sender (%d so far): its "
+                "records of %d senders all belong to senders that may still send again "
+                "(mmproc.wire.delivery.DEDUP_HOLD)",
+                self._address,
+                count,
+                len(self._ledger.sessions),
+            )
 
     def _reject(self, error: DecodeError) -> None:
         self.bad_messages += 1
