@@ -276,6 +276,8 @@ def test_transformers_forms_of_media_parts_are_taken_too(processor, tmp_path: Pa
         {"type": "image", "url": f"file://{path}"},
         {"type": "image", "base64": base64.b64encode(buffer.getvalue()).decode()},
         {"type": "image_url", "image_url": f"file://{path}"},
+        {"image_url": {"url": f"file://{path}", "detail": "low"}},  # no type: told by its key
+        {"type": "input_image", "image_url": f"file://{path}"},
     ]
     outs = [processor.process_chat([{"role": "user", "content": [form]}]) for form in forms]
     for out in outs[1:]:
@@ -296,7 +298,17 @@ def test_transformers_forms_of_media_parts_are_taken_too(processor, tmp_path: Pa
         ([{"content": "hi"}], (0, None), "it has no role"),
         ([{"role": 3, "content": "hi"}], (0, None), "its role must be a string"),
         ([{"role": "user", "content": 7}], (0, None), "content must be a string or a list"),
-        ([{"role": "user", "content": [{"text": "x"}]}], (0, 0), "has no 'type'"),
+        ([{"role": "user", "content": [{"words": "x"}]}], (0, 0), "has no 'type'"),
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [{**image_part(1), "image_url": {"url": "x", "detail": "max"}}],
+                }
+            ],
+            (0, 0),
+            "its detail must be one of auto, low, high, original",
+        ),
         (
             [{"role": "user", "content": [text("a"), {"type": "hologram"}]}],
             (0, 1),
@@ -411,3 +423,47 @@ def test_images_as_arrays_in_parts(processor) -> None:
         [{"role": "user", "content": [{"type": "image", "image": Image.fromarray(array)}]}]
     )
     assert torch.equal(out.features[0].data["pixel_values"], ref.features[0].data["pixel_values"])
+
+
+def test_a_part_named_by_its_uuid_alone_is_served_from_the_cache(processor) -> None:
+    part = {**image_part(19), "uuid": "picture-19"}
+    full = processor.process_chat([{"role": "user", "content": [part, text("Hi")]}])
+    by_id = {"type": "image_url", "image_url": None, "uuid": "picture-19"}
+    again = processor.process_chat([{"role": "user", "content": [by_id, text("Hi")]}])
+    assert again.prompt_token_ids == full.prompt_token_ids
+    assert torch.equal(
+        again.features[0].data["pixel_values"], full.features[0].data["pixel_values"]
+    )
+    unknown = {"type": "image_url", "image_url": None, "uuid": "never-seen"}
+    with pytest.raises(
+        ChatRequestError, match="only its id, and the cache does not hold it"
+    ) as info:
+        processor.process_chat([{"role": "user", "content": [text("Hi"), unknown]}])
+    assert (info.value.message_index, info.value.part_index) == (0, 1)
+    with pytest.raises(mmproc.MediaItemError, match="image item 0: no data was sent"):
+        processor.process(IMAGE, {"image": [None]})
+    assert processor.process(IMAGE, {"image": [None]}, mm_uuids={"image": ["picture-19"]}).features
+
+
+def test_a_developer_message_is_a_system_message_for_a_template_without_that_role(
+    processor,
+) -> None:
+    developer = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": [text("And polite.")]},
+    ]
+    system = [
+        {"role": "system", "content": "Be brief.\n\nAnd polite."},
+        {"role": "user", "content": "Hi"},
+    ]
+    assert (
+        processor.process_chat(developer).prompt_token_ids
+        == processor.process_chat(system).prompt_token_ids
+    )
+    knows_it = (
+        "{% for m in messages %}{{ m['role'] }}{% if m['role'] == 'developer' %}!{% endif %}"
+        "{% endfor %}"
+    )
+    out = processor.process_chat(developer[:2], chat_template=knows_it, add_generation_prompt=False)
+    assert decoded(processor, out.prompt_token_ids) == "developer!user"

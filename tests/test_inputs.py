@@ -555,3 +555,19 @@ def test_a_bad_header_is_found_only_when_its_item_is_to_be_decoded() -> None:
         read.decode([("image", 0)])
         with pytest.raises(MediaItemError, match="image item 1: cannot identify the image data"):
             read.decode_all()
+
+
+def test_an_encoded_image_gets_its_exif_orientation_and_a_decoded_one_is_taken_as_it_is() -> None:
+    # Orientation 6: the camera was turned; a viewer shows the picture rotated 90 degrees.
+    stored = Image.fromarray(_rgb(h=40, w=30, seed=9))
+    exif = stored.getexif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    stored.save(buffer, "PNG", exif=exif)
+    [shown] = parse_mm_data({"image": [buffer.getvalue()]})["image"]
+    assert shown.size == (40, 30)  # (width, height): turned
+    assert np.array_equal(
+        np.asarray(shown), np.asarray(stored.transpose(Image.Transpose.ROTATE_270))
+    )
+    [as_given] = parse_mm_data({"image": [stored]})["image"]
+    assert as_given.size == (30, 40)

@@ -312,6 +312,9 @@ def test_data_url_media_types_follow_the_modality() -> None:
         parse_mm_data({"audio": url("image/png")})
     with pytest.raises(MediaItemError, match=r"'audio/wav' is not image/\*"):
         parse_mm_data({"image": url("audio/wav")})
+    # Untyped data is told by its bytes: here, bytes that are no image.
+    with pytest.raises(MediaItemError, match="cannot identify the image data"):
+        parse_mm_data({"image": url("application/octet-stream")})
 
 
 def test_a_path_with_a_nul_character_is_refused() -> None:

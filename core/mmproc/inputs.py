@@ -34,7 +34,9 @@ default anywhere); URLs are fetched under :class:`~mmproc.media.RemoteMedia`'s p
 domains, public addresses only, bounded redirects, bytes and time): see
 :mod:`mmproc.media.sources` and :mod:`mmproc.media.fetch`.
 
-A single item may stand where a list is expected (``{"image": img}``). For ``video`` a list is a
+An item given as ``None`` in a list is sent by its id alone (``mm_uuids``), for a cache to
+answer; decoding it is an error. A single item may stand where a list is expected
+(``{"image": img}``). For ``video`` a list is a
 list of videos unless its first element is a frame (a PIL image or a 2-D/3-D array or tensor), in
 which case it is one video; so encoded *files* are listed plainly (``[b"...mp4", "b.webm"]``) and
 encoded *frames* (bytes, paths) must be nested: ``[[png0, png1, ...]]``.
@@ -101,9 +103,10 @@ __all__ = [
     "read_mm_data",
 ]
 
-DECODING_VERSION = 1
+DECODING_VERSION = 2
 """Bumped whenever mmproc's own decoding changes what an encoded item decodes to (the frame
-sampling rule, a conversion): part of :func:`decoding_recipe`, so of every encoded item's key."""
+sampling rule, a conversion; 2: images get their EXIF orientation): part of
+:func:`decoding_recipe`, so of every encoded item's key."""
 
 ParsedMediaItems: TypeAlias = dict[str, list[Any]]
 """``parse_mm_data``'s result: modality -> its parsed items, for modalities with at least one."""
@@ -151,6 +154,14 @@ class _Encoded:
     data: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class _Absent:
+    """An item given as ``None``: the caller names it by an id the cache is to hold."""
+
+
+_ABSENT = _Absent()
+
+
 _NOT_DECODED: Any = object()
 
 
@@ -169,7 +180,7 @@ class ReadMediaItems:
     def __init__(
         self,
         tasks: list[_Task],
-        states: list[DecodePlan | _Encoded],
+        states: list[DecodePlan | _Encoded | _Absent],
         counts: dict[str, int],
         settings: DecodeSettings,
         io_pool: Executor | None,
@@ -191,6 +202,11 @@ class ReadMediaItems:
     def refs(self) -> list[ItemRef]:
         """Every item, as ``(modality, index)``, in the order of :data:`MODALITIES` and index."""
         return [(task.modality, task.index) for task in self._tasks]
+
+    def given(self, ref: ItemRef) -> bool:
+        """Whether item ``ref`` came with its data (``None`` stands for an item sent by its id
+        alone, for the cache to answer)."""
+        return not isinstance(self._states[self._position[ref]], _Absent)
 
     def source(self, ref: ItemRef) -> bytes | None:
         """The encoded bytes item ``ref`` decodes from (bytes, a file, a URL, a ``data:`` URL, as
@@ -214,6 +230,15 @@ class ReadMediaItems:
             raise RuntimeError("these media items were closed; read them again")
         wanted = {self._position[ref] for ref in refs}
         todo = [i for i in sorted(wanted) if self._results[i] is _NOT_DECODED]
+        for i in todo:
+            if isinstance(self._states[i], _Absent):
+                task = self._tasks[i]
+                raise MediaItemError(
+                    task.modality,
+                    task.index,
+                    "no data was sent for it, only its id, and the cache does not hold it: "
+                    "send the item itself",
+                )
         try:
             unopened = [i for i in todo if isinstance(self._states[i], _Encoded)]
             opened: list[DecodePlan] = _run_in_order(
@@ -276,7 +301,7 @@ class ReadMediaItems:
     def _check_size(self) -> None:
         sizes = [
             0
-            if isinstance(state, _Encoded)
+            if isinstance(state, _Encoded | _Absent)
             else state.decoded_bytes
             if item is _NOT_DECODED
             else _decoded_size(item)
@@ -371,7 +396,7 @@ def read_mm_data(
         tasks.extend(_Task(modality, index, raw) for index, raw in enumerate(items))
 
     # Read the encoded items' bytes and check the others; nothing is parsed or decoded yet.
-    states: list[DecodePlan | _Encoded] = _run_in_order(
+    states: list[DecodePlan | _Encoded | _Absent] = _run_in_order(
         tasks,
         lambda i: _read(tasks[i], settings),
         [_reads(task.raw) for task in tasks],
@@ -502,7 +527,9 @@ def _reads(raw: Any) -> bool:
     return isinstance(raw, list | tuple) and any(isinstance(f, ENCODED_FORMS) for f in raw)
 
 
-def _read(task: _Task, settings: DecodeSettings) -> DecodePlan | _Encoded:
+def _read(task: _Task, settings: DecodeSettings) -> DecodePlan | _Encoded | _Absent:
+    if task.raw is None:
+        return _ABSENT
     decoder = _DECODERS[task.modality]
     if isinstance(task.raw, ENCODED_FORMS):
         return _Encoded(

@@ -8,8 +8,11 @@ The content parts taken:
 ============================================  ==========================================
 part                                          becomes
 ============================================  ==========================================
-``{"type": "text", "text": str}``             text (``"refusal"`` parts too)
-``{"type": "image_url", "image_url": {"url"}}``  an image item (``detail`` is ignored)
+``{"type": "text", "text": str}``             text (``input_text``, ``output_text``,
+                                              ``refusal`` and ``thinking`` parts too)
+``{"type": "image_url", "image_url": {"url"}}``  an image item (``detail``, one of auto,
+                                              low, high, original, is ignored; the
+                                              Responses API's ``input_image`` too)
 ``{"type": "video_url", "video_url": {"url"}}``  a video item (vLLM's extension)
 ``{"type": "audio_url", "audio_url": {"url"}}``  an audio item (vLLM's extension)
 ``{"type": "input_audio", "input_audio":``    an audio item: the base64 ``data``, decoded
@@ -22,8 +25,10 @@ part                                          becomes
 A URL is a ``data:`` URL, an ``http(s)://`` URL (fetched only when the processor's
 ``remote_media`` allows it) or a ``file://`` URL, read as a local path (only inside the
 processor's ``allowed_media_paths``): the processor's media rules decide, as for
-:meth:`~mmproc.Processor.process`. A media part may carry ``"uuid"``: the caller's id of the item
-(vLLM's ``multi_modal_uuids``). Items keep message order across turns: an image in the first
+:meth:`~mmproc.Processor.process`. A part without a ``type`` is what its one known key says
+(``{"image_url": ...}``). A media part may carry ``"uuid"``: the caller's id of the item
+(vLLM's ``multi_modal_uuids``); with an id, the part may leave its data out when the processor's
+cache holds the item. Items keep message order across turns: an image in the first
 message and one in the third are image items 0 and 1.
 
 Everything wrong is a :class:`~mmproc.errors.ChatRequestError` naming the message and the part.
@@ -54,8 +59,11 @@ _HF_PARTS = {
     "video": ("url", "path", "video", "base64"),
     "audio": ("url", "path", "audio", "base64"),
 }
-_TEXT_PARTS = ("text", "refusal")
-_KNOWN_PARTS = (*_TEXT_PARTS, *_URL_PARTS, "input_audio", *_HF_PARTS)
+_TEXT_PARTS = ("text", "input_text", "output_text", "refusal", "thinking")
+# keys that say what a part is when it has no "type" (as vLLM reads such parts)
+_TYPE_BY_KEY = ("image_url", "video_url", "audio_url", "input_audio", "text")
+_DETAILS = (None, "auto", "low", "high", "original")
+_KNOWN_PARTS = (*_TEXT_PARTS, *_URL_PARTS, "input_image", "input_audio", *_HF_PARTS)
 _MAX_SHOWN = 64  # characters of a caller's value quoted in a message
 
 
@@ -217,31 +225,47 @@ def _parse_part(m: int, p: int, part: Any) -> tuple[str, ChatItem | None]:
     if not isinstance(part, Mapping):
         raise refuse(f"a content part must be a mapping with a 'type', not {type(part).__name__}")
     kind = part.get("type")
+    if kind is None:
+        present = [key for key in _TYPE_BY_KEY if key in part]
+        if len(present) != 1:
+            raise refuse("the part has no 'type'")
+        kind = present[0]
     if not isinstance(kind, str):
-        raise refuse("the part has no 'type'" if kind is None else f"type {_show(kind)}")
+        raise refuse(f"its type must be a string, got {_show(kind)}")
     uuid = part.get("uuid")
     if uuid is not None and not isinstance(uuid, str):
         raise refuse(f"its uuid must be a string, got {_show(uuid)}")
     if kind in _TEXT_PARTS:
-        text = part.get(kind)
+        key = "text" if kind in ("input_text", "output_text") else kind
+        text = part.get(key)
         if not isinstance(text, str):
-            raise refuse(f"a {kind} part needs a string {kind!r}, got {_show(text)}")
+            raise refuse(f"a {kind} part needs a string {key!r}, got {_show(text)}")
         return text, None
-    if kind in _URL_PARTS:
-        modality, key = _URL_PARTS[kind]
+    if kind in _URL_PARTS or kind == "input_image":
+        modality, key = _URL_PARTS.get(kind, ("image", "image_url"))
         holder = part.get(key)
         url = holder.get("url") if isinstance(holder, Mapping) else holder
+        if url is None and uuid is not None:
+            return "", ChatItem(modality, None, uuid, m, p)  # by its id alone
         if not isinstance(url, str) or not url:
             raise refuse(f"a {kind} part needs {key}: {{'url': '...'}}")
+        detail = holder.get("detail") if isinstance(holder, Mapping) else part.get("detail")
+        if detail not in _DETAILS:
+            allowed = ", ".join(d for d in _DETAILS if d)
+            raise refuse(f"its detail must be one of {allowed}, got {_show(detail)}")
         return "", ChatItem(modality, _url_item(url), uuid, m, p)
     if kind == "input_audio":
         holder = part.get("input_audio")
         data = holder.get("data") if isinstance(holder, Mapping) else None
+        if data is None and uuid is not None:
+            return "", ChatItem("audio", None, uuid, m, p)
         if not isinstance(data, str):
             raise refuse("an input_audio part needs input_audio: {'data': base64, 'format': ...}")
         return "", ChatItem("audio", _base64(data, refuse), uuid, m, p)
     if kind in _HF_PARTS:
         keys = [key for key in _HF_PARTS[kind] if part.get(key) is not None]
+        if not keys and uuid is not None:
+            return "", ChatItem(kind, None, uuid, m, p)
         if len(keys) != 1:
             shown = " or ".join(repr(k) for k in _HF_PARTS[kind])
             raise refuse(f"an {kind} part needs exactly one of {shown}")

@@ -5,9 +5,10 @@ chat template); :meth:`ChatRenderer.render` then does, for one request:
 
 1. check the messages and take out their media parts as items (:mod:`mmproc.chat.messages`);
 2. build the conversation the template gets: content parts for an "openai" template (each media
-   part ``{"type": "image"}`` and the like, as transformers' templates expect), strings with the
-   model's placeholder text where each media part was for a "string" one; the control tokens in
-   the request's own strings marked (:mod:`mmproc.chat.control_tokens`);
+   part ``{"type": "image"}`` and the like, as transformers' templates expect; a string content
+   one text part), strings with the model's placeholder text where each media part was for a
+   "string" one; the control tokens in the request's own strings marked
+   (:mod:`mmproc.chat.control_tokens`);
 3. render it (:mod:`mmproc.chat.template`) and tokenise it, marked tokens as plain text.
 
 The processor then runs the token ids and the items through its pipeline, as for ``process``.
@@ -143,13 +144,14 @@ class ChatRenderer:
             with_tools=bool(options.tools),
         )
         as_parts = content_format(template) == "openai"  # (parses it: a bad template fails here)
+        messages_in = _developer_as_system(chat.messages, template)
         mark = not options.keep_control_tokens
         pattern = self._pattern(template) if mark else None
 
         def user(obj: Any) -> Any:
             return mark_control_tokens(obj, pattern) if pattern is not None else obj
 
-        conversation = [self._message(message, as_parts, user) for message in chat.messages]
+        conversation = [self._message(message, as_parts, user) for message in messages_in]
         rendered = render_chat(
             template,
             conversation,
@@ -171,9 +173,11 @@ class ChatRenderer:
         out: dict[str, Any] = user(message.fields)
         if message.segments is None:
             return out
-        if message.content_was_string:
+        if message.content_was_string and not as_parts:
             out["content"] = user(message.segments[0])
         elif as_parts:
+            # A string content is one text part for a template that walks parts (as vLLM
+            # gives it): such a template may print only the parts it finds.
             out["content"] = [
                 {"type": seg.modality}
                 if isinstance(seg, _Media)
@@ -188,3 +192,31 @@ class ChatRenderer:
                 for seg in message.segments
             )
         return out
+
+
+def _developer_as_system(messages: list[ChatMessage], template: str) -> list[ChatMessage]:
+    """OpenAI's ``developer`` role as ``system`` for a template that does not know it, the system
+    messages then merged into one at the start (templates that know only one system message want
+    it first), as vLLM does. Media in such a message cannot be merged: refused."""
+    if '"developer"' in template or "'developer'" in template:
+        return messages
+    if not any(message.fields.get("role") == "developer" for message in messages):
+        return messages
+    texts: list[str] = []
+    rest: list[ChatMessage] = []
+    for index, message in enumerate(messages):
+        if message.fields.get("role") not in ("system", "developer"):
+            rest.append(message)
+            continue
+        segments = message.segments or []
+        if any(isinstance(seg, _Media) for seg in segments):
+            raise ChatRequestError(
+                "a system or developer message with media, in a chat whose template takes no "
+                "developer role (its messages are merged into one system message, as text)",
+                message_index=index,
+            )
+        text = "\n".join(seg for seg in segments if isinstance(seg, str))
+        if text:
+            texts.append(text)
+    merged = ChatMessage({"role": "system"}, ["\n\n".join(texts)], content_was_string=True)
+    return [merged, *rest]

@@ -19,7 +19,7 @@ import io
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mmproc._torch import is_torch_tensor
 from mmproc.media.arrays import is_array, to_numpy
@@ -177,6 +177,7 @@ def _open_image(data: bytes, formats: tuple[str, ...] | None) -> Image.Image:
 def _load_opened(image: Image.Image) -> Image.Image:
     try:
         image.load()  # decode everything now: truncated or corrupt data fails here, not later
+        ImageOps.exif_transpose(image, in_place=True)  # (no copy when there is nothing to do)
     except Exception as exc:
         fmt = image.format or "image"
         raise MediaProblem(f"corrupt or truncated {fmt} data: {describe(exc)}") from exc

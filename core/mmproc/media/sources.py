@@ -151,13 +151,14 @@ def read_media_bytes(
 
 def decode_data_url(url: str, accepted_types: tuple[str, ...], limits: MediaLimits) -> bytes:
     """The payload of a base64 ``data:`` URL (the scheme in any case: ``DATA:`` too) whose media
-    type starts with one of ``accepted_types``."""
+    type starts with one of ``accepted_types``, or is ``application/octet-stream`` (the decoders
+    tell a file's format by its bytes, so untyped data is taken as vLLM takes it)."""
     header, sep, payload = url.partition(",")
     if not sep:
         raise MediaProblem("malformed data: URL (no ',' before the data)")
     params = header[len("data:") :].split(";")
     media_type = params[0].strip().lower()
-    if not media_type.startswith(accepted_types):
+    if media_type != "application/octet-stream" and not media_type.startswith(accepted_types):
         expected = " or ".join(f"{prefix}*" for prefix in accepted_types)
         shown = quoted(media_type) if media_type else "'(none)'"
         raise MediaProblem(f"data: URL media type {shown} is not {expected}")
