@@ -22,6 +22,9 @@ What it checks, each failure naming the hook to fix:
   ``process_mm_data``); items of every size of the matrix (large, very wide, very tall and tiny
   images, so that tiling and resizing bounds are reached; videos of several frame counts) and,
   for images, of every Pillow mode too;
+* a chat of two turns with an image each, rendered with the model's chat template, matches
+  transformers' ``apply_chat_template`` and processor call (:mod:`mmproc.testing.chat`;
+  ``get_placeholder_text`` for templates that take strings);
 * a request with items of every modality the model takes (images and videos together, for a
   model whose ``get_dummy_text`` gives both) matches the HF processor;
 * an item processed in one request with others of other sizes equals the same item processed
@@ -44,7 +47,8 @@ only with ``request_kwargs``.
 
 Class attributes to adjust: ``modality`` (default ``"image"``), ``processor_options`` (e.g.
 ``{"backend": "pil"}``), ``compare_with_hf`` (False for a model whose HF processor is not the
-reference), ``sizes`` (image / frame sizes of the matrix; default :data:`IMAGE_SIZES` or
+reference), ``compare_chat_with_hf`` (False when its ``apply_chat_template`` loads no media),
+``sizes`` (image / frame sizes of the matrix; default :data:`IMAGE_SIZES` or
 :data:`FRAME_SIZES`), ``frame_counts`` (frames per video, in turn), ``request_kwargs``
 (per-request ``hf_kwargs`` the model's processor takes, e.g. a smaller ``size``), ``atol``
 (device normalisation).
@@ -70,6 +74,7 @@ from mmproc.inputs import parse_mm_data
 from mmproc.model_hooks import load_model_hooks
 from mmproc.processor import ProcessedInputs, Processor
 from mmproc.registry import ENTRY_POINT_GROUP, Registry
+from mmproc.testing.chat import assert_chat_matches_hf
 from mmproc.testing.conformance import assert_matches_hf, placeholder_token
 from mmproc.testing.media import call_hf_processor, media_items, noise_image
 from mmproc.testing.probes import heavy_imports, links_to_original, poisoned
@@ -92,6 +97,10 @@ FRAME_SIZES: tuple[tuple[int, int], ...] = ((64, 48), (56, 56), (112, 30))
 """The default frame sizes (width, height) of videos."""
 
 _DEFAULT_SIZES = {"image": IMAGE_SIZES, "video": FRAME_SIZES}
+
+
+def _text(text: str) -> dict[str, str]:
+    return {"type": "text", "text": text}
 
 
 def isolated_registry(plugin: str) -> Registry:
@@ -130,6 +139,9 @@ def _applies(cls: type[PluginConformance]) -> dict[str, bool]:
         "test_per_request_hf_kwargs_match_the_hf_processor_called_with_them": (
             cls.compare_with_hf and cls.request_kwargs is not None
         ),
+        "test_a_chat_request_matches_transformers_chat_rendering": (
+            cls.modality == "image" and cls.compare_with_hf and cls.compare_chat_with_hf
+        ),
     }
 
 
@@ -164,6 +176,9 @@ class PluginConformance:
     compare_with_hf: ClassVar[bool] = True
     """False for a model whose HF processor is not the reference (its comparisons are then not
     generated)."""
+    compare_chat_with_hf: ClassVar[bool] = True
+    """False for a model whose HF processor's ``apply_chat_template`` does not load the media of
+    the messages (a processor class of the plugin's own, not transformers')."""
     sizes: ClassVar[tuple[tuple[int, int], ...] | None] = None
     """Image / frame sizes (width, height) of the matrix; None: :data:`IMAGE_SIZES` for images,
     :data:`FRAME_SIZES` for videos."""
@@ -468,6 +483,20 @@ class PluginConformance:
             processor.process(prompt, mm_data),
             f"token-id and text prompts ({count} items)",
             "get_prompt_updates' targets (token ids vs text)",
+        )
+
+    def test_a_chat_request_matches_transformers_chat_rendering(
+        self, processor: Processor
+    ) -> None:
+        images = self.items(2, seed=45)
+        messages = [
+            {"role": "user", "content": [{"type": "image", "image": images[0]}, _text("One?")]},
+            {"role": "assistant", "content": [_text("One.")]},
+            {"role": "user", "content": [_text("And"), {"type": "image", "image": images[1]}]},
+        ]
+        out = assert_chat_matches_hf(processor, messages, atol=self.atol)
+        assert [f.item_index for f in out.features] == [0, 1], (
+            "the chat's images are not items 0 and 1 in message order: check get_prompt_updates"
         )
 
     def test_a_cache_hit_gives_what_the_miss_gave(self, processor: Processor) -> None:
