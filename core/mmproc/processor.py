@@ -344,6 +344,7 @@ class Processor:
         tools: Sequence[Mapping[str, Any]] | None = None,
         documents: Sequence[Mapping[str, Any]] | None = None,
         keep_control_tokens: bool = False,
+        add_special_tokens: bool | None = None,
         mm_uuids: Mapping[str, Any] | None = None,
         hf_kwargs: Mapping[str, Any] | None = None,
     ) -> ProcessedInputs:
@@ -355,7 +356,10 @@ class Processor:
         same pipeline, cache and media rules as :meth:`process`, and gives what it gives. Control
         tokens typed in the messages' text stay text (unless ``keep_control_tokens``): only the
         template's own tokens, and the placeholders of the media parts, act as such. A part's
-        ``"uuid"`` names its item as ``mm_uuids`` would (give ids one way or the other).
+        ``"uuid"`` names its item as ``mm_uuids`` would (give ids one way or the other). The
+        tokenizer adds its special tokens (a BOS) unless the template wrote the BOS itself, as
+        transformers' processors do (``add_special_tokens`` decides otherwise; vLLM's chat
+        requests say False).
 
         Raises:
             ChatRequestError: a message or part that is wrong, or a media item of one that
@@ -370,6 +374,7 @@ class Processor:
             tools=tools,
             documents=documents,
             keep_control_tokens=keep_control_tokens,
+            add_special_tokens=add_special_tokens,
         )
         return self._run(self._chat_route(messages, options, mm_uuids, hf_kwargs))
 
@@ -384,6 +389,7 @@ class Processor:
         tools: Sequence[Mapping[str, Any]] | None = None,
         documents: Sequence[Mapping[str, Any]] | None = None,
         keep_control_tokens: bool = False,
+        add_special_tokens: bool | None = None,
         mm_uuids: Mapping[str, Any] | None = None,
         hf_kwargs: Mapping[str, Any] | None = None,
     ) -> ProcessedInputs:
@@ -396,6 +402,7 @@ class Processor:
             tools=tools,
             documents=documents,
             keep_control_tokens=keep_control_tokens,
+            add_special_tokens=add_special_tokens,
         )
         return await self._run_async(self._chat_route(messages, options, mm_uuids, hf_kwargs))
 

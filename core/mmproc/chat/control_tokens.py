@@ -73,11 +73,36 @@ def mark_control_tokens(obj: Any, pattern: re.Pattern[str]) -> Any:
     return mark(obj, pattern)
 
 
-def encode_chat(tokenizer: Any, rendered: str, *, marked: bool) -> list[int]:
-    """The token ids of a rendered chat, without the tokenizer's own BOS/EOS additions (the
-    template writes what the model needs): marked control tokens as plain text."""
-    if not marked:
-        return list(tokenizer.encode(rendered, add_special_tokens=False))
-    from transformers.utils.chat_template_utils import encode_marked_chat
+def encode_chat(
+    tokenizer: Any, rendered: str, *, marked: bool, add_special_tokens: bool | None
+) -> list[int]:
+    """The token ids of a rendered chat, marked control tokens as plain text.
 
-    return list(encode_marked_chat(tokenizer, rendered))
+    ``add_special_tokens``: whether the tokenizer adds its own (a BOS, ...) around the text.
+    ``None`` decides as transformers' processors do in ``apply_chat_template``: yes, unless the
+    template already wrote the BOS.
+    """
+    if marked:
+        from transformers.utils.chat_template_utils import encode_marked_chat
+
+        ids = list(encode_marked_chat(tokenizer, rendered))
+    else:
+        ids = list(tokenizer.encode(rendered, add_special_tokens=False))
+    if add_special_tokens is None:
+        bos = getattr(tokenizer, "bos_token", None)
+        add_special_tokens = not (bos and rendered.startswith(bos))
+    if not add_special_tokens:
+        return ids
+    prefix, suffix = _special_tokens_around(tokenizer)
+    return [*prefix, *ids, *suffix]
+
+
+def _special_tokens_around(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """What the tokenizer puts before and after a text when it adds its special tokens (found by
+    encoding a probe both ways)."""
+    plain = tokenizer.encode("a", add_special_tokens=False)
+    wrapped = tokenizer.encode("a", add_special_tokens=True)
+    for start in range(len(wrapped) - len(plain) + 1):
+        if wrapped[start : start + len(plain)] == plain:
+            return wrapped[:start], wrapped[start + len(plain) :]
+    return [], []  # a post-processor that changes the text itself: add nothing rather than guess

@@ -48,6 +48,10 @@ class ChatOptions:
     ``keep_control_tokens``
         let control tokens typed in the messages act as control tokens: for trusted callers
         that write placeholders or special tokens into their text on purpose.
+    ``add_special_tokens``
+        whether the tokenizer adds its special tokens (a BOS) around the rendered chat; ``None``
+        (default): as transformers' processors decide, unless the template wrote the BOS itself
+        (vLLM's chat requests say False).
     """
 
     add_generation_prompt: bool = True
@@ -57,8 +61,13 @@ class ChatOptions:
     tools: Sequence[Mapping[str, Any]] | None = None
     documents: Sequence[Mapping[str, Any]] | None = None
     keep_control_tokens: bool = False
+    add_special_tokens: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.add_special_tokens not in (None, True, False):
+            raise ChatRequestError(
+                f"add_special_tokens must be True, False or None, got {self.add_special_tokens!r}"
+            )
         for name in ("add_generation_prompt", "continue_final_message", "keep_control_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ChatRequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -163,7 +172,9 @@ class ChatRenderer:
             template_kwargs=user(dict(options.chat_template_kwargs)),
         )
         try:
-            ids = encode_chat(tokenizer, rendered, marked=mark)
+            ids = encode_chat(
+                tokenizer, rendered, marked=mark, add_special_tokens=options.add_special_tokens
+            )
         except ValueError as exc:  # a control token the tokenizer makes from its own text
             raise ChatRequestError(f"the messages' text cannot be kept as text: {exc}") from exc
         return RenderedChat(ids, chat)

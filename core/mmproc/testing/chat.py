@@ -47,15 +47,22 @@ def assert_chat_matches_hf(
     out = processor.process_chat(
         messages, add_generation_prompt=add_generation_prompt, **chat_kwargs
     )
-    reference = processor.hf_processor.apply_chat_template(
-        [dict(message) for message in messages],
-        tokenize=True,
-        return_dict=True,
-        return_tensors="pt",
-        sanitize_control_tokens=True,
-        add_generation_prompt=add_generation_prompt,
+    call = {
+        "tokenize": True,
+        "return_dict": True,
+        "return_tensors": "pt",
+        "add_generation_prompt": add_generation_prompt,
         **chat_kwargs,
-    )
+    }
+    conversation = [dict(message) for message in messages]
+    try:
+        reference = processor.hf_processor.apply_chat_template(
+            conversation, sanitize_control_tokens=True, **call
+        )
+    except NotImplementedError:
+        # transformers sanitises only templates that write special tokens; for another, what
+        # the messages' text holds is text either way.
+        reference = processor.hf_processor.apply_chat_template(conversation, **call)
     outputs = {key: torch.as_tensor(value) for key, value in reference.items()}
     tokens = {f.modality: placeholder_token(out, f.modality) for f in out.features}
     assert_matches_hf(
