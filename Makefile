@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml $(PLUGINS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "torch==2.14.1" "torchvision==0.29.1"
-	$(BIN)/pip install -q -e ".[test]" $(foreach p,$(dir $(PLUGINS)),-e ./$(p))
+	$(BIN)/pip install -q -e ".[test,serve]" $(foreach p,$(dir $(PLUGINS)),-e ./$(p))
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -5,7 +5,8 @@
 and ``--check``, runs a request through the processor, built with those options); ``mmproc demo
 [--model FOLDER|demo:NAME]`` runs the main job end to end on a model (a plugin's demo model by
 default); ``mmproc bench`` measures preprocessing latency and throughput; ``mmproc new-plugin
-NAME --architecture ARCH [--template NAME]`` writes a plugin to start from.
+NAME --architecture ARCH [--template NAME]`` writes a plugin to start from; ``mmproc serve
+--model FOLDER|demo:NAME`` runs the render service (:mod:`mmproc.serve`).
 Listing plugins imports no model class and no transformers: it only reads entry points and runs
 the plugins' light registration modules.
 """
@@ -132,6 +133,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from mmproc.serve.command import run_serve
+
+    return run_serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``mmproc`` command."""
     parser = argparse.ArgumentParser(
@@ -165,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     which.add_argument("--json", action="store_true", help="print a JSON object")
     which.set_defaults(run=_cmd_which)
+
+    from mmproc.serve.command import add_arguments as add_serve_arguments
+
+    serve = sub.add_parser("serve", help="the render service, a drop-in for vLLM's render tier")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=_cmd_serve)
 
     from mmproc.demo import add_arguments
 

@@ -764,6 +764,14 @@ class Processor:
         request.clock.mark("prompt_outputs")
         return ProcessedInputs(prompt_ids, features, prompt_outputs)
 
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """``text`` as the model's tokenizer gives it (with its BOS and the like unless
+        ``add_special_tokens`` is False), on a copy no other thread uses meanwhile; refused over
+        ``max_prompt_chars``."""
+        self._check_prompt_length(len(text), "characters")
+        with self._front.borrow() as tokenizer:
+            return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
     def hf_call_kwargs(self, hf_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The keyword arguments the HF processor gets for a request with these ``hf_kwargs``
         (the device, the raw-pixel switches, then the caller's own): to call it as the pipeline

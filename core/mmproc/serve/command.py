@@ -1,0 +1,154 @@
+"""``mmproc serve --model FOLDER|demo:NAME``: the command line of the render service.
+
+The processor options are ``get_processor``'s (``--workers``, ``--backend``, ``--option
+KEY=VALUE`` for any other); the media policy is closed by default, as a server for untrusted
+clients needs it: no local paths (``--allowed-media-path DIR`` opens a directory) and no URL
+fetching (``--remote-media-domain`` allows hosts); the limits of ``MediaLimits`` and the
+server's own (body size, concurrency, queue, time) have flags of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_arguments", "run_serve"]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``mmproc serve`` options."""
+    from mmproc.bench import parse_option
+    from mmproc.demo_models import add_model_arguments
+
+    add_model_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument("--workers", type=_positive_int, help="preprocessing workers")
+    parser.add_argument("--backend", choices=("pil", "torchvision"), help="image backend")
+    parser.add_argument(
+        "--option",
+        type=parse_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other get_processor option, e.g. hash_algorithm=xxh3 (repeatable)",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name requests may give as 'model' (repeatable; default: the --model argument)",
+    )
+    parser.add_argument(
+        "--max-model-len", type=_positive_int, help="the model's context, for max_tokens"
+    )
+    parser.add_argument(
+        "--allowed-media-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory clients may name files in (file:// URLs); default: none",
+    )
+    parser.add_argument(
+        "--remote-media-domain",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="a host clients may name http(s) URLs on ('*.example.com'); default: URLs refused",
+    )
+    parser.add_argument("--max-item-bytes", type=_positive_int, help="MediaLimits.max_item_bytes")
+    parser.add_argument(
+        "--max-request-decoded-bytes",
+        type=_positive_int,
+        help="MediaLimits.max_request_decoded_bytes",
+    )
+    parser.add_argument("--max-body-bytes", type=_positive_int, default=64 << 20)
+    parser.add_argument("--max-concurrency", type=_positive_int, default=64, help="renders at once")
+    parser.add_argument("--max-queue", type=_positive_int, default=256, help="requests waiting")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    parser.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="accept a chat_template in requests (code the server runs)",
+    )
+    parser.add_argument(
+        "--engine", metavar="ADDR", help="send requests to this engine (ipc:// or tcp://)"
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
+
+
+def _max_model_len(folder: Path) -> int | None:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for holder in (config, config.get("text_config") or {}):
+        value = holder.get("max_position_embeddings")
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Build the processor and serve it until SIGTERM."""
+    from mmproc.demo_models import describe_demo_models, open_model
+    from mmproc.factory import get_processor
+    from mmproc.media import MediaLimits, RemoteMedia
+
+    if args.list:
+        print(describe_demo_models())
+        return 0
+    from mmproc.serve import ServeSettings, create_app, run
+
+    workdir = Path(tempfile.mkdtemp(prefix="mmproc-serve-"))
+    folder, described = open_model(args.model, workdir)
+    options: dict[str, Any] = dict(args.option)
+    if args.workers:
+        options["workers"] = args.workers
+    if args.backend:
+        options["backend"] = args.backend
+    options.setdefault("allowed_media_paths", args.allowed_media_path)
+    if args.remote_media_domain:
+        options.setdefault(
+            "remote_media", RemoteMedia(allowed_domains=tuple(args.remote_media_domain))
+        )
+    limits = {
+        name: value
+        for name, value in (
+            ("max_item_bytes", args.max_item_bytes),
+            ("max_request_decoded_bytes", args.max_request_decoded_bytes),
+        )
+        if value is not None
+    }
+    if limits:
+        options.setdefault("media_limits", MediaLimits(**limits))
+    processor = get_processor(folder, warm_up=True, **options)
+    names = tuple(args.served_model_name) or (args.model or str(folder),)
+    settings = ServeSettings(
+        served_model_names=names,
+        max_model_len=args.max_model_len or _max_model_len(folder),
+        max_body_bytes=args.max_body_bytes,
+        max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+        request_timeout_s=args.timeout,
+        trust_request_chat_template=args.trust_request_chat_template,
+        engine=args.engine,
+    )
+    print(
+        f"mmproc serve: {described}, as {names[0]!r}, on http://{args.host}:{args.port}", flush=True
+    )
+    run(create_app(processor, settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
