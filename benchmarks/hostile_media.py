@@ -8,6 +8,11 @@ attack; nothing is asserted. Every attack runs on this machine against real comp
   record -- so that each read returns long before any read timeout. The row says how long
   ``fetch_url`` took to refuse it, against ``RemoteMedia.timeout_s`` (``--deadline``).
 
+* audio bomb: a FLAC file of a few tens of kB that holds 8 channels at 96 kHz for 120 s of
+  silence: 368 MB of samples once decoded. Parsed in a fresh process under
+  ``MediaLimits.max_request_decoded_bytes`` (``--audio-limit``); the row says how long it took and
+  how much the process's peak RSS grew, against the limit.
+
 A row is a function taking the parsed options and returning a `Row`; add one to `ROWS` (and its
 options to `parse_args`) to add an attack.
 """
@@ -79,10 +84,63 @@ def fetch_deadline_tls(args: argparse.Namespace) -> Row:
     return _trickle_row("TLS handshake", TLS_RECORD, 0, "https", args)
 
 
+_AUDIO_BOMB_CHILD = """
+import resource, sys, time
+from mmproc.errors import MediaItemError
+from mmproc.inputs import parse_mm_data
+from mmproc.media import AudioFormat, MediaLimits, MediaOptions
+data = open(sys.argv[1], "rb").read()
+options = MediaOptions(
+    audio=AudioFormat(16000, mono=True),
+    limits=MediaLimits(max_request_decoded_bytes=int(sys.argv[2])),
+)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+try:
+    parse_mm_data({"audio": [data]}, media=options)
+    outcome = "decoded (not refused)"
+except MediaItemError as exc:
+    named = "max_request_decoded_bytes" in str(exc)
+    outcome = "refused (MediaLimits.max_request_decoded_bytes)" if named else f"refused: {exc}"
+took = time.perf_counter() - start
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(f"{took}|{grew}|{outcome}")
+"""
+
+
+def audio_bomb(args: argparse.Namespace) -> Row:
+    """A small FLAC that decodes to hundreds of MB, parsed in a process of its own."""
+    import subprocess
+    import tempfile
+
+    import numpy as np
+    import soundfile
+
+    with tempfile.NamedTemporaryFile(suffix=".flac") as file:
+        soundfile.write(file.name, np.zeros((96_000 * 120, 8), np.float32), 96_000, format="FLAC")
+        size = Path(file.name).stat().st_size
+        limit = int(args.audio_limit * (1 << 20))
+        out = subprocess.run(
+            [sys.executable, "-c", _AUDIO_BOMB_CHILD, file.name, str(limit)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    took, grew, outcome = out.split("|", 2)
+    return (
+        f"audio bomb: {size / 1e3:,.0f} kB FLAC, 8 channels at 96 kHz for 120 s (368 MB decoded)",
+        "MediaLimits.max_request_decoded_bytes",
+        f"{args.audio_limit:g} MiB",
+        f"{float(took):.3f} s, peak RSS +{int(grew) / 1024:,.1f} MB",
+        outcome,
+    )
+
+
 ROWS: list[Callable[[argparse.Namespace], Row]] = [
     fetch_deadline_headers,
     fetch_deadline_body,
     fetch_deadline_tls,
+    audio_bomb,
 ]
 
 
@@ -121,6 +179,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.05,
         help="seconds between two bytes of a trickling server (default 0.05)",
+    )
+    parser.add_argument(
+        "--audio-limit",
+        type=float,
+        default=64,
+        help="MediaLimits.max_request_decoded_bytes for the audio bomb, in MiB (default 64)",
     )
     return parser.parse_args(argv)
 
