@@ -2,7 +2,8 @@
 
 Images become patches ``(num_patches, C*T, P, P)`` (temporal patch 1) plus a ``(t, h, w)`` grid
 per image; each ``<|IMAGE_PLACEHOLDER|>`` expands to ``prod(grid) / merge_size**2`` copies of
-itself, between ``<|IMAGE_START|>`` and ``<|IMAGE_END|>``.
+itself, between ``<|IMAGE_START|>`` and ``<|IMAGE_END|>``: Qwen2-VL's expansion, so the prompt
+updates and the backend option are :mod:`mmproc_qwen_vl.shared`'s.
 """
 
 from __future__ import annotations
@@ -10,25 +11,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from mmproc.plugin import (
     BatchedField,
     ChannelLayout,
-    ConfigurationError,
     FieldSpec,
     FlatField,
     ModelContext,
     NormSpec,
-    ProcessorLoadError,
-    PromptReplacement,
     PromptUpdate,
     hookimpl,
     read_chat_template,
 )
+from mmproc_qwen_vl.shared import chosen_backend, grid_prompt_updates
 
-__all__ = ["BACKENDS", "PaddleOCRVLModel"]
+__all__ = ["PaddleOCRVLModel"]
 
-BACKENDS = ("torchvision", "pil")
 IMAGE_PLACEHOLDER = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
 
 
@@ -43,11 +40,7 @@ class PaddleOCRVLModel:
     @hookimpl
     def load_hf_processor(self, ctx: ModelContext) -> Any:
         """Image processor of the chosen backend, the tokenizer and the chat template."""
-        backend = ctx.option("backend") or "torchvision"
-        if backend not in BACKENDS:
-            raise ConfigurationError(
-                f"{ctx.architecture}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
-            )
+        backend = chosen_backend(ctx)
         folder = ctx.require_model_path()
         from transformers import AutoTokenizer
         from transformers.models.paddleocr_vl.processing_paddleocr_vl import PaddleOCRVLProcessor
@@ -62,19 +55,13 @@ class PaddleOCRVLModel:
                 PaddleOCRVLImageProcessor as ImageProcessor,
             )
         extra = dict(ctx.processor_options.hf_processor_kwargs)
-        try:
-            return PaddleOCRVLProcessor(
-                image_processor=ImageProcessor.from_pretrained(
-                    str(folder), local_files_only=True, **extra
-                ),
-                tokenizer=AutoTokenizer.from_pretrained(str(folder), local_files_only=True),
-                chat_template=read_chat_template(folder),
-            )
-        except Exception as exc:
-            raise ProcessorLoadError(
-                f"{ctx.architecture} (plugin {ctx.plugin!r}): cannot build the processor from "
-                f"{folder} with the {backend} backend: {type(exc).__name__}: {exc}"
-            ) from exc
+        return PaddleOCRVLProcessor(
+            image_processor=ImageProcessor.from_pretrained(
+                str(folder), local_files_only=True, **extra
+            ),
+            tokenizer=AutoTokenizer.from_pretrained(str(folder), local_files_only=True),
+            chat_template=read_chat_template(folder),
+        )
 
     @hookimpl
     def get_dummy_text(self, ctx: ModelContext, mm_counts: Mapping[str, int]) -> str:
@@ -93,21 +80,11 @@ class PaddleOCRVLModel:
 
     @hookimpl
     def get_prompt_updates(
-        self,
-        ctx: ModelContext,
-        processor: Any,
-        item_outputs: Mapping[str, Sequence[Mapping[str, Any]]],
+        self, processor: Any, item_outputs: Mapping[str, Sequence[Mapping[str, Any]]]
     ) -> Sequence[PromptUpdate]:
-        """Each ``<|IMAGE_PLACEHOLDER|>`` becomes ``prod(grid) / merge_size**2`` of itself."""
-        images = item_outputs.get("image") or []
-        token_id = int(processor.image_token_id)
-        merge = int(processor.image_processor.merge_size) ** 2
-
-        def expand(index: int) -> list[int]:
-            grid = torch.as_tensor(images[index]["image_grid_thw"])
-            return [token_id] * (int(grid.prod()) // merge)
-
-        return [PromptReplacement("image", [token_id], expand)]
+        """Each ``<|IMAGE_PLACEHOLDER|>`` becomes ``prod(grid) / merge_size**2`` of itself, as
+        Qwen2-VL's pad does."""
+        return grid_prompt_updates(processor, item_outputs)
 
     @hookimpl
     def device_norm_spec(self, ctx: ModelContext, processor: Any) -> NormSpec | None:
