@@ -33,6 +33,12 @@ against one worker with one torch thread, like each of the two), and mmproc's on
 image processor) with 1 and 2 workers; ``--clone-cost`` measures what a clone of a processor with
 a Qwen2-sized tokenizer (151k-token BPE) costs, with and without sharing the tokenizer.
 
+``--kinds`` measures whole requests (``Processor.process``, the cache off, a new 1024x768 image
+each) with thread workers against process workers (``worker_kind="process"``) at the counts of
+``--kind-workers`` (default 1 2), on the qwen_vl plugin's demo folder, twice as many callers as
+workers; with the process workers' start-up seconds and resident memory each. The target on this
+machine: process workers at 2 >= 0.9x thread workers at 2.
+
 Run: ``.venv/bin/python benchmarks/workers.py [--requests 32] [--repeats 5] [--device cpu]``.
 """
 
@@ -356,6 +362,74 @@ def _print_table(title: str, rows: list[tuple[str, float, float, float]]) -> Non
         print(f"  {name:<44} {median:>8.2f} {best:>8.2f} {load:>6.0%}")
 
 
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def bench_kinds(backend: str, counts: list[int], requests: int, repeats: int) -> None:
+    """Thread workers against process workers on whole requests; prints a table."""
+    import tempfile
+
+    import mmproc
+    import numpy as np
+    from mmproc_qwen_vl.demo import write_qwen2_vl_folder
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    images = [
+        Image.fromarray(rng.integers(0, 256, (768, 1024, 3), dtype=np.uint8))
+        for _ in range(requests)
+    ]
+    prompt = "<|vision_start|><|image_pad|><|vision_end|>"
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_qwen2_vl_folder(Path(tmp) / "qwen2-vl")
+        for workers in counts:
+            for kind in ("thread", "process"):
+                start = time.perf_counter()
+                with mmproc.get_processor(
+                    folder,
+                    workers=workers,
+                    worker_kind=kind,
+                    backend=backend,
+                    cache_bytes=0,
+                    warm_up=True,
+                ) as proc:
+                    ready = time.perf_counter() - start
+                    proc.process(prompt, {"image": [images[0]]})
+                    rates = []
+                    for _ in range(repeats):
+                        with concurrent.futures.ThreadPoolExecutor(2 * workers) as callers:
+                            begin = time.perf_counter()
+                            list(
+                                callers.map(
+                                    lambda image: proc.process(prompt, {"image": [image]}), images
+                                )
+                            )
+                            rates.append(requests / (time.perf_counter() - begin))
+                    extra = ""
+                    if proc._processes is not None:
+                        rss = [_rss_mb(pid) for pid in proc._processes.pids]
+                        starts = proc._processes.startup_seconds
+                        extra = (
+                            f"start {statistics.median(starts):.1f} s, "
+                            f"{statistics.median(rss):,.0f} MB each"
+                        )
+                rows.append((kind, workers, statistics.median(rates), max(rates), ready, extra))
+    print(f"\nwhole requests, {backend} backend, cache off, {requests} requests x {repeats}:")
+    print(f"  {'kind':<8} {'workers':>7} {'req/s':>8} {'best':>8} {'ready s':>8}  worker processes")
+    for kind, workers, median, best, ready, extra in rows:
+        print(f"  {kind:<8} {workers:>7} {median:>8.2f} {best:>8.2f} {ready:>8.1f}  {extra}")
+    by = {(kind, workers): median for kind, workers, median, *_ in rows}
+    for workers in counts:
+        ratio = by[("process", workers)] / by[("thread", workers)]
+        print(f"  process / thread at {workers}: {ratio:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; prints the tables and the ratios against their targets."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -389,7 +463,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="add the requests split over 1 and 2 processes: the no-GIL ceiling of this machine",
     )
+    parser.add_argument(
+        "--kinds", action="store_true", help="whole requests: thread against process workers"
+    )
+    parser.add_argument("--kind-workers", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args(argv)
+    if args.kinds:
+        for backend in args.backends:
+            bench_kinds(backend, args.kind_workers, args.requests, args.repeats)
+        return 0
 
     import torch
 

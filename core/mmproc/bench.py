@@ -101,6 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--backend", choices=("pil", "torchvision"), default=None)
     parser.add_argument(
+        "--worker-kind",
+        choices=("thread", "process"),
+        default=None,
+        help="the workers: threads (the default) or processes (worker_kind)",
+    )
+    parser.add_argument(
         "--no-device-normalize", action="store_true", help="normalise on the CPU (float32 out)"
     )
     parser.add_argument(
@@ -393,12 +399,15 @@ def run_bench(args: argparse.Namespace) -> int:
             raise ConfigurationError(f"mmproc bench sets {managed} itself: {how}")
     for name, flag, given in (
         ("backend", "--backend", args.backend is not None),
+        ("worker_kind", "--worker-kind", args.worker_kind is not None),
         ("device_normalize", "--no-device-normalize", args.no_device_normalize),
     ):
         if given and name in options:
             raise ConfigurationError(f"{name} given twice: as {flag} and as --option {name}=")
     if args.backend is not None:
         options["backend"] = args.backend
+    if args.worker_kind is not None:
+        options["worker_kind"] = args.worker_kind
     if args.no_device_normalize:
         options["device_normalize"] = False
     items = _items(args)

@@ -19,6 +19,7 @@ of them::
     │   └── ChatTemplateError        the chat template failed to render it
     ├── FieldSpecError               a model's fields do not fit its outputs
     ├── ProcessingError              the model's processor failed on a request
+    │   └── WorkerProcessError       a worker process died or ran out of time (process workers)
     ├── EncodeError                  an object cannot go on the wire (also a TypeError)
     └── DecodeError                  a received message is malformed
 """
@@ -45,6 +46,7 @@ __all__ = [
     "ProcessorLoadError",
     "PromptUpdateError",
     "UnknownArchitectureError",
+    "WorkerProcessError",
 ]
 
 
@@ -215,6 +217,11 @@ class FieldSpecError(MmprocError):
 
 class ProcessingError(MmprocError):
     """The model's processor failed on a request; the message names the plugin and model."""
+
+
+class WorkerProcessError(ProcessingError):
+    """A worker process (``worker_kind="process"``) died or ran past ``worker_timeout_s`` while
+    it processed a request's items; it is replaced, and only that request fails."""
 
 
 # --- the wire ---------------------------------------------------------------------------------

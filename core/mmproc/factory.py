@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmproc.context import ModelContext, read_model_config
-from mmproc.errors import ProcessorLoadError
+from mmproc.errors import ConfigurationError, ProcessorLoadError
 from mmproc.hashing import DEFAULT_HASH_ALGORITHM
 from mmproc.model_hooks import load_model_hooks
 from mmproc.options import (
@@ -17,6 +17,7 @@ from mmproc.options import (
     DEFAULT_MAX_PROMPT_TOKENS,
     ProcessorOptions,
     WarmUp,
+    WorkerKind,
     check_plugin_options,
 )
 from mmproc.processor import Processor
@@ -47,6 +48,8 @@ def get_processor(
     max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS,
     max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS,
     max_items_per_request: Mapping[str, int] | None = None,
+    worker_kind: WorkerKind = "thread",
+    worker_timeout_s: float | None = 300.0,
     prefer: Mapping[str, str] | None = None,
     model_path: str | os.PathLike[str] | None = None,
     registry: Registry | None = None,
@@ -88,6 +91,8 @@ def get_processor(
         max_prompt_chars=max_prompt_chars,
         max_prompt_tokens=max_prompt_tokens,
         max_items_per_request=max_items_per_request,
+        worker_kind=worker_kind,
+        worker_timeout_s=worker_timeout_s,
     )
     registry = registry or get_registry()
     target = os.fspath(name_or_folder)
@@ -103,6 +108,12 @@ def get_processor(
         folder = Path(model_path) if model_path is not None else None
         reference = registry.resolve(target, prefer=prefer)
         config = read_model_config(folder) if folder is not None else {}
+    if worker_kind == "process" and (folder is None or registry is not get_registry()):
+        raise ConfigurationError(
+            "worker_kind='process' needs a model folder and the installed plugins (each worker "
+            "process looks the model up again): not an architecture name, nor a registry of "
+            "in-process plugins"
+        )
     model = load_model_hooks(reference)
     ctx = ModelContext(
         architecture=reference.architecture,
@@ -116,4 +127,16 @@ def get_processor(
         model.extra_options(ctx),
         model=f"{reference.architecture} (plugin {reference.plugin!r})",
     )
-    return Processor(model, dataclasses.replace(ctx, options=plugin_options))
+    ctx = dataclasses.replace(ctx, options=plugin_options)
+    spec = None
+    if worker_kind == "process":
+        from mmproc.process_workers import WorkerSpec
+
+        shaping = {
+            "device": device,
+            "hf_processor_kwargs": dict(hf_processor_kwargs or {}),
+            **({"prefer": dict(prefer)} if prefer else {}),
+            **plugin_options,
+        }
+        spec = WorkerSpec(str(folder), shaping)
+    return Processor(model, ctx, worker_spec=spec)

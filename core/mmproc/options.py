@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 WarmUp = Literal["background"] | bool
+WorkerKind = Literal["thread", "process"]
 
 
 DEFAULT_MAX_PROMPT_CHARS = 1 << 22
@@ -98,6 +99,14 @@ class ProcessorOptions:
     ``max_prompt_tokens``
         the longest prompt in tokens before its placeholders are expanded, text or token ids
         (default :data:`DEFAULT_MAX_PROMPT_TOKENS`; ``None``: no limit).
+    ``worker_kind``
+        ``"thread"`` (default): workers are threads of this process, each with its processor
+        clone; ``"process"``: each worker thread hands its HF processor calls to a worker process
+        of its own (:mod:`mmproc.process_workers`), for hosts with more cores than one
+        interpreter uses.
+    ``worker_timeout_s``
+        with process workers, the longest one HF call may run before its worker is stopped and
+        replaced (default 300 s; ``None``: no limit).
     ``max_items_per_request``
         ``{modality: n}``: the most items of a modality one request may have, refused before
         any is read (default: no count limit; ``MediaLimits.max_request_decoded_bytes`` still
@@ -120,10 +129,24 @@ class ProcessorOptions:
     max_prompt_chars: int | None = DEFAULT_MAX_PROMPT_CHARS
     max_prompt_tokens: int | None = DEFAULT_MAX_PROMPT_TOKENS
     max_items_per_request: Mapping[str, int] | None = None
+    worker_kind: WorkerKind = "thread"
+    worker_timeout_s: float | None = 300.0
 
     def __post_init__(self) -> None:
         _count_or_none("workers", self.workers)
         _count_or_none("io_workers", self.io_workers)
+        if self.worker_kind not in ("thread", "process"):
+            raise ConfigurationError(
+                f"worker_kind must be 'thread' or 'process', got {self.worker_kind!r}"
+            )
+        if self.worker_timeout_s is not None and (
+            isinstance(self.worker_timeout_s, bool)
+            or not isinstance(self.worker_timeout_s, int | float)
+            or not self.worker_timeout_s > 0
+        ):
+            raise ConfigurationError(
+                f"worker_timeout_s must be a positive number or None, got {self.worker_timeout_s!r}"
+            )
         _count_or_none("max_prompt_chars", self.max_prompt_chars)
         _count_or_none("max_prompt_tokens", self.max_prompt_tokens)
         limits = self.max_items_per_request

@@ -54,6 +54,7 @@ from mmproc.errors import (
     MmprocError,
     ProcessingError,
     PromptUpdateError,
+    WorkerProcessError,
 )
 from mmproc.executor import ProcessorPool, create_io_pool
 from mmproc.fields import split_outputs
@@ -87,6 +88,7 @@ from mmproc.worker_count import (
 if TYPE_CHECKING:
     from mmproc.model_hooks import ModelHooks
     from mmproc.norm_spec import NormSpec
+    from mmproc.process_workers import WorkerProcesses, WorkerSpec
 
 __all__ = ["MultiModalFeature", "ProcessedInputs", "Processor", "tokenizer_of"]
 
@@ -209,7 +211,9 @@ class Processor:
     as a context manager) to stop its threads.
     """
 
-    def __init__(self, model: ModelHooks, ctx: ModelContext) -> None:
+    def __init__(
+        self, model: ModelHooks, ctx: ModelContext, *, worker_spec: WorkerSpec | None = None
+    ) -> None:
         self.model = model
         self.ctx = ctx
         options = ctx.processor_options
@@ -262,6 +266,19 @@ class Processor:
             warm_up=options.warm_up,
             model=ctx.architecture,
         )
+        # With process workers, each worker thread hands its HF calls to a process of its own;
+        # everything else (cache, single flight, prompt updates) stays here.
+        self._processes: WorkerProcesses | None = None
+        if worker_spec is not None:
+            from mmproc.process_workers import WorkerProcesses
+
+            self._processes = WorkerProcesses(
+                worker_spec,
+                self.workers,
+                timeout_s=options.worker_timeout_s,
+                model=f"{ctx.architecture} (plugin {ctx.plugin!r})",
+                background=options.warm_up != True,  # noqa: E712 (True, not "background")
+            )
 
     def _learn_placeholders(self) -> dict[str, list[int]]:
         """Modality -> token ids of the model's placeholder for one item, for the modalities the
@@ -820,15 +837,13 @@ class Processor:
         if use_prompt:
             assert isinstance(request.prompt, str)
             try:
-                outputs = model.process_mm_data(ctx, mode, request.prompt, items, processor, kwargs)
+                per_item, expanded_ids = self._hf_call(
+                    mode, request.prompt, items, kwargs, processor
+                )
             except ProcessingError:
                 # Most often the prompt and the items disagree: the dummy-text path below says
                 # so precisely (PromptUpdateError), or finds the item at fault.
                 mode = dataclasses.replace(mode, media_only=True)
-            else:
-                per_item = self._split(outputs, counts)
-                if "input_ids" in outputs:
-                    expanded_ids = _first_row(outputs["input_ids"])
         if per_item is None:
             per_item = self._run_media_only(to_compute, mode, kwargs, processor)
         clock.mark("hf_call")
@@ -877,6 +892,8 @@ class Processor:
         refs = [(item.modality, item.index, item.value) for item in to_compute]
         try:
             return self._call_media_only(refs, mode, kwargs, processor)
+        except WorkerProcessError:
+            raise  # the worker's fault, not an item's: no bisecting
         except ProcessingError as exc:
             failure = self._locate_failure(exc, refs, mode, kwargs, processor)
             if failure is not exc or len(refs) == 1:
@@ -906,8 +923,25 @@ class Processor:
             items.setdefault(modality, []).append(value)
         counts = {m: len(v) for m, v in items.items()}
         text = self.model.get_dummy_text(self.ctx, counts)
+        return self._hf_call(mode, text, items, kwargs, processor)[0]
+
+    def _hf_call(
+        self,
+        mode: ProcessingMode,
+        text: str,
+        items: dict[str, list[Any]],
+        kwargs: Mapping[str, Any],
+        processor: Any,
+    ) -> tuple[dict[str, list[dict[str, Any]]], list[int] | None]:
+        """The plugin's ``process_mm_data`` on ``items``, split per item (``get_mm_fields``), and
+        the prompt's ids when the HF processor expanded ``text``: on this worker thread's clone,
+        or in its worker process."""
+        if self._processes is not None:
+            return self._processes.call(mode, text, items, kwargs)
         outputs = self.model.process_mm_data(self.ctx, mode, text, items, processor, kwargs)
-        return self._split(outputs, counts)
+        per_item = self._split(outputs, {m: len(v) for m, v in items.items()})
+        ids = _first_row(outputs["input_ids"]) if "input_ids" in outputs else None
+        return per_item, ids
 
     def _split(self, outputs: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:
         try:
@@ -975,8 +1009,11 @@ class Processor:
         self._pool.warm_up()
 
     def close(self) -> None:
-        """Stop the worker and IO threads (waits for running requests)."""
+        """Stop the worker and IO threads (waits for running requests), and the worker
+        processes."""
         self._pool.shutdown()
+        if self._processes is not None:
+            self._processes.close()
         self._prepare_pool.shutdown()
         self._io_pool.shutdown()
 

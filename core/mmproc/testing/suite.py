@@ -485,9 +485,7 @@ class PluginConformance:
             "get_prompt_updates' targets (token ids vs text)",
         )
 
-    def test_a_chat_request_matches_transformers_chat_rendering(
-        self, processor: Processor
-    ) -> None:
+    def test_a_chat_request_matches_transformers_chat_rendering(self, processor: Processor) -> None:
         hf = processor.hf_processor
         if not (getattr(hf, "chat_template", None) or getattr(hf.tokenizer, "chat_template", None)):
             pytest.skip("the model folder has no chat template")
