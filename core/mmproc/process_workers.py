@@ -82,9 +82,10 @@ def _worker_main(conn: Connection, spec: WorkerSpec) -> None:
         if message is None:
             processor.close()
             return
-        mode, text, items, kwargs = message
-        counts = {modality: len(values) for modality, values in items.items()}
+        mode, text, sent, kwargs = message
         try:
+            items = _items_from(*sent)
+            counts = {modality: len(values) for modality, values in items.items()}
             outputs = model.process_mm_data(ctx, mode, text, items, hf, kwargs)
             per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
             ids = outputs.get("input_ids") if "input_ids" in outputs else None
@@ -92,6 +93,96 @@ def _worker_main(conn: Connection, spec: WorkerSpec) -> None:
             conn.send(("ok", (block, layout, None if ids is None else _first_row(ids))))
         except BaseException as exc:
             conn.send(("error", _portable(exc)))
+
+
+# --- items to the worker --------------------------------------------------------------------------
+
+_ARRAY_MODES = frozenset({"RGB", "RGBA", "L"})
+
+
+def _items_to(items: Mapping[str, list[Any]]) -> tuple[str | None, list[Any]]:
+    """The items' pixels and samples in one shared block (an image as its array when that is
+    all it is; anything else pickled), and how to rebuild each."""
+    from PIL import Image
+
+    from mmproc.media.items import AudioItem, VideoItem
+
+    arrays: list[np.ndarray] = []
+    described: list[Any] = []
+    offset = 0
+
+    def place(array: np.ndarray) -> tuple[str, tuple[int, ...], int]:
+        nonlocal offset
+        offset = -(-offset // _ALIGN) * _ALIGN
+        arrays.append(np.ascontiguousarray(array))
+        at = offset
+        offset += array.nbytes
+        return str(array.dtype), tuple(array.shape), at
+
+    for modality, values in items.items():
+        entries: list[tuple[Any, ...]] = []
+        for value in values:
+            if (
+                isinstance(value, Image.Image)
+                and value.mode in _ARRAY_MODES
+                and not value.info.get("transparency")
+            ):
+                entries.append(("image", value.mode, *place(np.asarray(value))))
+            elif isinstance(value, VideoItem):
+                entries.append(("video", value.metadata, *place(value.frames)))
+            elif isinstance(value, AudioItem):
+                entries.append(("audio", value.sample_rate, *place(value.waveform)))
+            else:
+                entries.append(("pickle", pickle.dumps(value)))
+        described.append((modality, entries))
+    if not arrays:
+        return None, described
+    block = SharedMemory(create=True, size=max(offset, 1))
+    resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
+    try:
+        position = 0
+        for _, entries in described:
+            for entry in entries:
+                if entry[0] == "pickle":
+                    continue
+                _, _, dtype, shape, at = entry
+                view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=at)
+                view[...] = arrays[position]
+                position += 1
+        return block.name, described
+    finally:
+        block.close()  # the worker unlinks it once it has read the items
+
+
+def _items_from(name: str | None, described: list[Any]) -> dict[str, list[Any]]:
+    """The items a worker was sent (copied out of the block, which is then released)."""
+    from PIL import Image
+
+    from mmproc.media.items import AudioItem, VideoItem
+
+    block = SharedMemory(name=name) if name is not None else None
+    try:
+        items: dict[str, list[Any]] = {}
+        for modality, entries in described:
+            values = items.setdefault(modality, [])
+            for entry in entries:
+                if entry[0] == "pickle":
+                    values.append(pickle.loads(entry[1]))
+                    continue
+                kind, extra, dtype, shape, at = entry
+                assert block is not None  # items with arrays come with their block
+                array = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=at).copy()
+                if kind == "image":
+                    values.append(Image.fromarray(array, mode=extra))
+                elif kind == "video":
+                    values.append(VideoItem(array, extra))
+                else:
+                    values.append(AudioItem(array, extra))
+        return items
+    finally:
+        if block is not None:
+            block.close()
+            block.unlink()
 
 
 def _first_row(ids: Any) -> list[int]:
@@ -195,6 +286,16 @@ def _unpack(name: str | None, layout: list[Any]) -> dict[str, list[dict[str, Any
         if block is not None:
             block.close()
             block.unlink()
+
+
+def _release(name: str | None) -> None:
+    """Unlink a shared block if it is still there."""
+    if name is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        block = SharedMemory(name=name)
+        block.close()
+        block.unlink()
 
 
 class _Worker:
@@ -339,14 +440,16 @@ class WorkerProcesses:
             WorkerProcessError: the worker died or ran past the time limit (it is replaced).
             MmprocError: what the plugin's hook raised, as in a worker thread.
         """
+        sent = _items_to(items)
         with self._lent() as worker:
             try:
-                worker.conn.send((mode, text, dict(items), dict(kwargs)))
+                worker.conn.send((mode, text, sent, dict(kwargs)))
                 deadline = None if self._timeout is None else time.monotonic() + self._timeout
                 while not worker.conn.poll(0.05):
                     if not worker.process.is_alive():
                         raise EOFError
                     if deadline is not None and time.monotonic() > deadline:
+                        _release(sent[0])
                         raise WorkerProcessError(
                             f"{self._model}: worker process {worker.process.name} took longer "
                             f"than {self._timeout:g} s (the worker_timeout_s option) on this "
@@ -354,6 +457,7 @@ class WorkerProcesses:
                         )
                 status, detail = worker.conn.recv()
             except (EOFError, OSError, BrokenPipeError):
+                _release(sent[0])  # the items the dead worker may not have read
                 worker.process.join(5)  # a dead process is reaped at once: its exit code says how
                 code = worker.process.exitcode
                 raise WorkerProcessError(

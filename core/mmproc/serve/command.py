@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=_positive_int, help="preprocessing workers")
     parser.add_argument("--backend", choices=("pil", "torchvision"), help="image backend")
     parser.add_argument(
+        "--worker-kind",
+        choices=("thread", "process"),
+        help="workers as threads (default) or processes, for hosts with many cores",
+    )
+    parser.add_argument(
         "--option",
         type=parse_option,
         action="append",
@@ -120,6 +125,8 @@ def run_serve(args: argparse.Namespace) -> int:
         options["workers"] = args.workers
     if args.backend:
         options["backend"] = args.backend
+    if args.worker_kind:
+        options["worker_kind"] = args.worker_kind
     options.setdefault("allowed_media_paths", args.allowed_media_path)
     if args.remote_media_domain:
         options.setdefault(
