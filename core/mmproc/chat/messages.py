@@ -45,7 +45,7 @@ from typing import Any
 
 from mmproc.errors import ChatRequestError
 
-__all__ = ["ChatItem", "ChatMessage", "ParsedChat", "parse_messages"]
+__all__ = ["ChatItem", "ChatMessage", "MediaPart", "ParsedChat", "parse_messages"]
 
 # part type -> (modality, key of the mapping holding the URL)
 _URL_PARTS = {
@@ -86,12 +86,14 @@ class ChatMessage:
     when the message had no content."""
 
     fields: dict[str, Any]
-    segments: list[str | _Media] | None
+    segments: list[str | MediaPart] | None
     content_was_string: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class _Media:
+class MediaPart:
+    """Where a media part was among a message's content: the next item of ``modality``."""
+
     modality: str
 
 
@@ -184,7 +186,7 @@ def _parse_message(
             f"content must be a string or a list of content parts, not {type(content).__name__}",
             message_index=m,
         )
-    segments: list[str | _Media] = []
+    segments: list[str | MediaPart] = []
     for p, part in enumerate(content):
         text, item = _parse_part(m, p, part)
         if item is None:
@@ -210,7 +212,7 @@ def _parse_message(
                 item_index=count,
             )
         parsed.items.append(item)
-        segments.append(_Media(item.modality))
+        segments.append(MediaPart(item.modality))
     return ChatMessage(fields, segments)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmproc.chat.control_tokens import control_token_pattern, encode_chat, mark_control_tokens
-from mmproc.chat.messages import ChatMessage, ParsedChat, _Media, parse_messages
+from mmproc.chat.messages import ChatMessage, MediaPart, ParsedChat, parse_messages
 from mmproc.chat.template import content_format, find_chat_template, render_chat
 from mmproc.errors import ChatRequestError
 
@@ -191,7 +191,7 @@ class ChatRenderer:
             # gives it): such a template may print only the parts it finds.
             out["content"] = [
                 {"type": seg.modality}
-                if isinstance(seg, _Media)
+                if isinstance(seg, MediaPart)
                 else {"type": "text", "text": user(seg)}
                 for seg in message.segments
             ]
@@ -199,7 +199,7 @@ class ChatRenderer:
             # A "string" template: each media part's placeholder text where the part was, the
             # parts joined by newlines (the placeholders are the model's, so never marked).
             out["content"] = "\n".join(
-                self._placeholders[seg.modality] if isinstance(seg, _Media) else user(seg)
+                self._placeholders[seg.modality] if isinstance(seg, MediaPart) else user(seg)
                 for seg in message.segments
             )
         return out
@@ -220,7 +220,7 @@ def _developer_as_system(messages: list[ChatMessage], template: str) -> list[Cha
             rest.append(message)
             continue
         segments = message.segments or []
-        if any(isinstance(seg, _Media) for seg in segments):
+        if any(isinstance(seg, MediaPart) for seg in segments):
             raise ChatRequestError(
                 "a system or developer message with media, in a chat whose template takes no "
                 "developer role (its messages are merged into one system message, as text)",
