@@ -23,6 +23,7 @@ from mmproc.wire import (
     EngineRequest,
     RequestReceiver,
     RequestSender,
+    SenderStats,
     WireFeature,
     encode_request,
 )
@@ -377,31 +378,44 @@ def wait_for_records(log_path: Path, count: int) -> None:
     raise AssertionError(f"{log_path.name}: the engine did not record {count} requests")
 
 
-def test_a_receiver_killed_mid_stream_loses_no_request_and_hands_none_out_twice(
-    ipc_address: str, tmp_path: Path
-) -> None:
-    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    ids = [f"req-{index}" for index in range(400)]
-    first = start_engine(ipc_address, first_log)
+def send_through_a_restart(
+    address: str,
+    first_log: Path,
+    second_log: Path,
+    requests: list[EngineRequest],
+    kill_after: int,
+) -> SenderStats:
+    """Send ``requests`` to an engine process, killing it after the first ``kill_after`` (once it
+    has taken 20, more waiting in the queues) and starting another in its place; every request
+    must end acknowledged. The sender's stats at the end."""
+    first = start_engine(address, first_log)
     second = None
     try:
-        with RequestSender(ipc_address, ack_timeout=0.5, max_attempts=20, window=1024) as sender:
-            for index, request_id in enumerate(ids):
-                sender.send(make_request(request_id), timeout=WAIT)
-                if index == 200:
-                    # Mid-stream: the engine has taken some, more wait in the queues.
+        with RequestSender(address, ack_timeout=0.5, max_attempts=20, window=1024) as sender:
+            for index, request in enumerate(requests):
+                sender.send(request, timeout=WAIT)
+                if index == kill_after:
                     wait_for_records(first_log, 20)
                     os.kill(first.pid, signal.SIGKILL)
                     first.join(WAIT)
-                    second = start_engine(ipc_address, second_log)
+                    second = start_engine(address, second_log)
             assert sender.flush(timeout=6 * WAIT)
             assert sender.unacknowledged == [] and sender.take_failures() == []
-            resent = sender.resent
+            return sender.stats
     finally:
         for process in (first, second):
             if process is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGKILL)
                 process.join(WAIT)
+
+
+def test_a_receiver_killed_mid_stream_loses_no_request_and_hands_none_out_twice(
+    ipc_address: str, tmp_path: Path
+) -> None:
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    ids = [f"req-{index}" for index in range(400)]
+    requests = [make_request(request_id) for request_id in ids]
+    resent = send_through_a_restart(ipc_address, first_log, second_log, requests, 200).resent
 
     before, after = records(first_log), records(second_log)
     before_ids, after_ids = [rid for rid, _ in before], [rid for rid, _ in after]
@@ -438,25 +452,7 @@ def test_a_receiver_killed_mid_stream_while_items_go_by_reference_loses_nothing_
         f"req-{index}": image_request(f"req-{index}", (index % 6, (index + 2) % 6))
         for index in range(300)
     }
-    first = start_engine(ipc_address, first_log)
-    second = None
-    try:
-        with RequestSender(ipc_address, ack_timeout=0.5, max_attempts=20, window=1024) as sender:
-            for index, request in enumerate(sent.values()):
-                sender.send(request, timeout=WAIT)
-                if index == 150:
-                    wait_for_records(first_log, 20)
-                    os.kill(first.pid, signal.SIGKILL)
-                    first.join(WAIT)
-                    second = start_engine(ipc_address, second_log)
-            assert sender.flush(timeout=6 * WAIT)
-            assert sender.unacknowledged == [] and sender.take_failures() == []
-            stats = sender.stats
-    finally:
-        for process in (first, second):
-            if process is not None and process.is_alive():
-                os.kill(process.pid, signal.SIGKILL)
-                process.join(WAIT)
+    stats = send_through_a_restart(ipc_address, first_log, second_log, list(sent.values()), 150)
 
     taken = digests(first_log) + digests(second_log)
     # Every request reached an engine, and whichever engine took it got exactly its tensors.

@@ -71,22 +71,24 @@ def chat_request(request_id: str, seeds: list[int]) -> EngineRequest:
     return EngineRequest(request_id, list(range(4 * len(seeds) + 8)), features)
 
 
+def described(request: EngineRequest) -> tuple[object, ...]:
+    """Everything of a request the engine reads, each tensor as its dtype, shape and bytes."""
+    return (
+        request.request_id,
+        request.prompt_token_ids,
+        [
+            (
+                (f.modality, f.item_index, f.hash, f.offset, f.length, f.norm),
+                [(k, t.dtype, tuple(t.shape), t.numpy().tobytes()) for k, t in f.data.items()],
+            )
+            for f in request.features
+        ],
+    )
+
+
 def assert_bit_correct(got: EngineRequest | None, expected: EngineRequest) -> None:
-    assert got is not None and got.request_id == expected.request_id
-    assert got.prompt_token_ids == expected.prompt_token_ids
-    assert len(got.features) == len(expected.features)
-    for g, e in zip(got.features, expected.features, strict=True):
-        assert (g.modality, g.item_index, g.hash, g.offset, g.length, g.norm) == (
-            e.modality,
-            e.item_index,
-            e.hash,
-            e.offset,
-            e.length,
-            e.norm,
-        )
-        assert list(g.data) == list(e.data)
-        for key, tensor in e.data.items():
-            assert g.data[key].dtype == tensor.dtype and torch.equal(g.data[key], tensor)
+    assert got is not None
+    assert described(got) == described(expected)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import msgpack
 import torch
@@ -72,6 +72,8 @@ MIN_ITEM_BYTES: Final = 4096
 """Items whose tensors take fewer bytes are always sent in full and never kept."""
 
 _KEY_MAGIC: Final = "mmproc-item-ref/1"
+
+_V = TypeVar("_V")
 
 
 def item_nbytes(feature: WireFeature) -> int:
@@ -132,23 +134,19 @@ class MissingItemsError(DecodeError):
         """Positions in ``features`` of the references that were not held."""
 
 
-class ItemCache:
-    """The receiver's items, by key: an LRU bounded by the bytes of their tensors (each item
-    also charged `ITEM_ENTRY_BYTES`). An item larger than the whole bound is not kept.
-
-    It keeps each item's `WireFeature` as first received; its tensors are read-only views over
-    the frames they came in, which stay alive while it is kept. Belongs to the receiver's
-    thread."""
+class _ByteBoundedLRU(Generic[_V]):
+    """Values by item key, least recently used first, within ``max_bytes``: each entry charged
+    its item's tensor bytes plus `ITEM_ENTRY_BYTES` (the accounting both ends share)."""
 
     __slots__ = ("_entries", "_max_bytes", "evictions", "nbytes")
 
     def __init__(self, max_bytes: int) -> None:
-        self._max_bytes = check_cache_bytes("ItemCache", max_bytes)
-        self._entries: OrderedDict[bytes, tuple[WireFeature, int]] = OrderedDict()
+        self._max_bytes = max_bytes
+        self._entries: OrderedDict[bytes, tuple[_V, int]] = OrderedDict()
         self.nbytes = 0
-        """Bytes charged for the items kept now."""
+        """Bytes charged for the entries now."""
         self.evictions = 0
-        """Items dropped to make room so far."""
+        """Entries dropped to make room so far."""
 
     @property
     def max_bytes(self) -> int:
@@ -160,6 +158,45 @@ class ItemCache:
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
+
+    def _put(self, key: bytes, value: _V, size: int) -> bool:
+        """Enter ``value`` for an item of ``size`` tensor bytes, dropping the least recently
+        used entries to make room; whether it is in now (an entry there already is only marked
+        used; an item larger than the bound is not entered)."""
+        entries = self._entries
+        if key in entries:
+            entries.move_to_end(key)
+            return True
+        size += ITEM_ENTRY_BYTES
+        if size > self._max_bytes:
+            return False
+        while self.nbytes + size > self._max_bytes:
+            _, (_, dropped) = entries.popitem(last=False)
+            self.nbytes -= dropped
+            self.evictions += 1
+        entries[key] = (value, size)
+        self.nbytes += size
+        return True
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._entries.clear()
+        self.nbytes = 0
+
+
+class ItemCache(_ByteBoundedLRU["WireFeature"]):
+    """The receiver's items, by key: an LRU bounded by the bytes of their tensors (each item
+    also charged `ITEM_ENTRY_BYTES`). An item larger than the whole bound, or smaller than
+    `MIN_ITEM_BYTES`, is not kept.
+
+    It keeps each item's `WireFeature` as first received; its tensors are read-only views over
+    the frames they came in, which stay alive while it is kept. Belongs to the receiver's
+    thread."""
+
+    __slots__ = ()
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(check_cache_bytes("ItemCache", max_bytes))
 
     def get(self, key: bytes) -> WireFeature | None:
         """The item kept under ``key`` (now the most recently used), or None."""
@@ -173,51 +210,17 @@ class ItemCache:
         """Keep ``feature`` under ``key`` (the caller computed it with `item_key`; ``size`` is
         `item_nbytes` if known), evicting the least recently used items to make room; whether
         it is kept now. An item kept already is only marked used."""
-        entries = self._entries
-        if key in entries:
-            entries.move_to_end(key)
-            return True
         if size is None:
             size = item_nbytes(feature)
-        if size < MIN_ITEM_BYTES:
-            return False
-        size += ITEM_ENTRY_BYTES
-        if size > self._max_bytes:
-            return False
-        while self.nbytes + size > self._max_bytes:
-            _, (_, dropped) = entries.popitem(last=False)
-            self.nbytes -= dropped
-            self.evictions += 1
-        entries[key] = (feature, size)
-        self.nbytes += size
-        return True
-
-    def clear(self) -> None:
-        """Drop every item."""
-        self._entries.clear()
-        self.nbytes = 0
+        return size >= MIN_ITEM_BYTES and self._put(key, feature, size)
 
 
-class HeldItems:
-    """The sender's guess of what a receiver holds: keys the receiver said it held, with their
-    sizes, least recently used first, within the bytes the receiver is assumed to keep (the
-    same accounting as `ItemCache`). Belongs to the sender, under its lock."""
+class HeldItems(_ByteBoundedLRU[None]):
+    """The sender's guess of what a receiver holds: keys the receiver said it held, least
+    recently used first, within the bytes the receiver is assumed to keep (the same accounting
+    as `ItemCache`). Belongs to the sender, under its lock."""
 
-    __slots__ = ("_entries", "_max_bytes", "nbytes")
-
-    def __init__(self, max_bytes: int) -> None:
-        self._max_bytes = max_bytes
-        self._entries: OrderedDict[bytes, int] = OrderedDict()
-        self.nbytes = 0
-        """Bytes charged for the items taken to be held."""
-
-    @property
-    def max_bytes(self) -> int:
-        """The bound on `nbytes`."""
-        return self._max_bytes
-
-    def __len__(self) -> int:
-        return len(self._entries)
+    __slots__ = ()
 
     def choose(self, keys: Sequence[bytes | None]) -> list[bytes | None]:
         """For each item of a request (its key, or None for one too small to key): the key when
@@ -243,28 +246,12 @@ class HeldItems:
 
     def mark(self, key: bytes, size: int) -> None:
         """The receiver said it holds ``key`` (an item of ``size`` tensor bytes)."""
-        entries = self._entries
-        if key in entries:
-            entries.move_to_end(key)
-            return
-        size += ITEM_ENTRY_BYTES
-        if size > self._max_bytes:
-            return
-        while self.nbytes + size > self._max_bytes:
-            _, dropped = entries.popitem(last=False)
-            self.nbytes -= dropped
-        entries[key] = size
-        self.nbytes += size
+        self._put(key, None, size)
 
     def forget(self, keys: Iterable[bytes | None]) -> None:
         """The receiver lacked (some of) ``keys``: assume it holds none of them."""
         for key in keys:
             if key is not None:
-                size = self._entries.pop(key, None)
-                if size is not None:
-                    self.nbytes -= size
-
-    def clear(self) -> None:
-        """Assume the receiver holds nothing."""
-        self._entries.clear()
-        self.nbytes = 0
+                entry = self._entries.pop(key, None)
+                if entry is not None:
+                    self.nbytes -= entry[1]

@@ -83,6 +83,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -392,16 +393,10 @@ class RequestSender(_Endpoint):
         with self._lock:
             if not self._closed:
                 self._service()
-            ledger, counts, held = self._ledger, self._counts, self._held
+            ledger, held = self._ledger, self._held
             return SenderStats(
-                requests=counts.requests,
-                messages=counts.messages,
-                frames=counts.frames,
-                bytes=counts.bytes,
-                items_in_full=counts.items_in_full,
-                items_by_reference=counts.items_by_reference,
+                **asdict(self._counts),
                 resent=ledger.resent,
-                resent_in_full=counts.resent_in_full,
                 acknowledged=ledger.acknowledged,
                 refused=ledger.refused,
                 given_up=ledger.given_up,
@@ -723,39 +718,30 @@ def _watch_replies(sender_ref: weakref.ReferenceType[RequestSender]) -> None:
 _ENVELOPE_BYTES: Final = 40
 
 
-class _SenderCounts:
-    """A sender's counters besides its ledger's (`SenderStats` says what each one counts)."""
+@dataclass(slots=True)
+class _Counts:
+    """Counters both ends keep (`SenderStats` and `ReceiverStats` say what each counts)."""
 
-    __slots__ = (
-        "bytes",
-        "frames",
-        "items_by_reference",
-        "items_in_full",
-        "messages",
-        "requests",
-        "resent_in_full",
-    )
-
-    def __init__(self) -> None:
-        self.requests = self.messages = self.frames = self.bytes = 0
-        self.items_in_full = self.items_by_reference = self.resent_in_full = 0
+    messages: int = 0
+    frames: int = 0
+    bytes: int = 0
+    items_in_full: int = 0
+    items_by_reference: int = 0
 
 
-class _ReceiverCounts:
-    """A receiver's counters besides its attributes (`ReceiverStats` says what each counts)."""
+@dataclass(slots=True)
+class _SenderCounts(_Counts):
+    """A sender's counters besides its ledger's."""
 
-    __slots__ = (
-        "bytes",
-        "frames",
-        "items_by_reference",
-        "items_in_full",
-        "messages",
-        "missing_items",
-    )
+    requests: int = 0
+    resent_in_full: int = 0
 
-    def __init__(self) -> None:
-        self.messages = self.frames = self.bytes = 0
-        self.items_in_full = self.items_by_reference = self.missing_items = 0
+
+@dataclass(slots=True)
+class _ReceiverCounts(_Counts):
+    """A receiver's counters besides its attributes."""
+
+    missing_items: int = 0
 
 
 def _item_keys(request: EngineRequest) -> tuple[list[bytes | None] | None, list[int]]:
@@ -878,15 +864,10 @@ class RequestReceiver(_Endpoint):
     def stats(self) -> ReceiverStats:
         """What this receiver has received so far and what it did with it (a snapshot; may be
         taken from another thread, e.g. for ``/metrics``, with counters a message apart)."""
-        counts, items = self._counts, self._items
+        items = self._items
         return ReceiverStats(
+            **asdict(self._counts),
             received=self.received,
-            messages=counts.messages,
-            frames=counts.frames,
-            bytes=counts.bytes,
-            items_in_full=counts.items_in_full,
-            items_by_reference=counts.items_by_reference,
-            missing_items=counts.missing_items,
             bad_messages=self.bad_messages,
             duplicates=self.duplicates,
             turned_away=self.turned_away,
