@@ -167,6 +167,16 @@ def test_malformed_references_are_refused_as_malformed_not_as_missing(kept: Item
     with pytest.raises(DecodeError, match="by reference has nil data and norm") as caught:
         decode_request(encode_request_tree(wire), items=kept)
     assert not isinstance(caught.value, MissingItemsError)
+    # a held item at a placement that does not fit: checked as a feature in full would be
+    feature["data"] = feature["norm"] = None
+    feature["is_embed"] = torch.ones(3, dtype=torch.bool)
+    with pytest.raises(DecodeError, match=r"is_embed must be a bool tensor of shape \(4,\)"):
+        decode_request(encode_request_tree(wire), items=kept)
+    feature["is_embed"], feature["offset"] = None, 10
+    with pytest.raises(DecodeError, match=r"spans prompt positions 10\.\.14"):
+        decode_request(encode_request_tree(wire), items=kept)
+    feature["offset"] = 0
+    assert_bit_correct(decode_request(encode_request_tree(wire), items=kept), request)
 
 
 def encode_request_tree(wire: dict[str, object]) -> list[bytes | memoryview]:

@@ -32,17 +32,14 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Final, Generic, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import msgpack
 import torch
 
 from mmproc.errors import ConfigurationError, DecodeError
 from mmproc.wire.dtypes import TORCH_ENCODING
-
-if TYPE_CHECKING:
-    from mmproc.wire.schema import WireFeature
 
 __all__ = [
     "DEFAULT_ITEM_CACHE_BYTES",
@@ -76,13 +73,29 @@ _KEY_MAGIC: Final = "mmproc-item-ref/1"
 _V = TypeVar("_V")
 
 
-def item_nbytes(feature: WireFeature) -> int:
+class WireItem(Protocol):
+    """What this module reads of a feature: `mmproc.wire.WireFeature` is one. (A protocol, so
+    that the request schema can use this module without this module using it.)"""
+
+    @property
+    def modality(self) -> str: ...
+    @property
+    def item_index(self) -> int: ...
+    @property
+    def hash(self) -> str: ...
+    @property
+    def data(self) -> Mapping[str, torch.Tensor]: ...
+    @property
+    def norm(self) -> Mapping[str, Any] | None: ...
+
+
+def item_nbytes(feature: WireItem) -> int:
     """Bytes of the feature's tensors (``data``): what keeping it costs, besides
     `ITEM_ENTRY_BYTES`."""
     return sum(tensor.nbytes for tensor in feature.data.values())
 
 
-def item_key(feature: WireFeature) -> bytes:
+def item_key(feature: WireItem) -> bytes:
     """The key that names ``feature``'s item on the wire: a 16-byte digest of its hash, its
     modality, its norm spec and each tensor's name, dtype and shape (see the module docs).
 
@@ -184,7 +197,7 @@ class _ByteBoundedLRU(Generic[_V]):
         self.nbytes = 0
 
 
-class ItemCache(_ByteBoundedLRU["WireFeature"]):
+class ItemCache(_ByteBoundedLRU[WireItem]):
     """The receiver's items, by key: an LRU bounded by the bytes of their tensors (each item
     also charged `ITEM_ENTRY_BYTES`). An item larger than the whole bound, or smaller than
     `MIN_ITEM_BYTES`, is not kept.
@@ -198,7 +211,7 @@ class ItemCache(_ByteBoundedLRU["WireFeature"]):
     def __init__(self, max_bytes: int) -> None:
         super().__init__(check_cache_bytes("ItemCache", max_bytes))
 
-    def get(self, key: bytes) -> WireFeature | None:
+    def get(self, key: bytes) -> WireItem | None:
         """The item kept under ``key`` (now the most recently used), or None."""
         entry = self._entries.get(key)
         if entry is None:
@@ -206,7 +219,7 @@ class ItemCache(_ByteBoundedLRU["WireFeature"]):
         self._entries.move_to_end(key)
         return entry[0]
 
-    def keep(self, key: bytes, feature: WireFeature, size: int | None = None) -> bool:
+    def keep(self, key: bytes, feature: WireItem, size: int | None = None) -> bool:
         """Keep ``feature`` under ``key`` (the caller computed it with `item_key`; ``size`` is
         `item_nbytes` if known), evicting the least recently used items to make room; whether
         it is kept now. An item kept already is only marked used."""

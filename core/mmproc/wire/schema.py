@@ -69,6 +69,7 @@ from mmproc.wire.items import (
     MIN_ITEM_BYTES,
     ItemCache,
     MissingItemsError,
+    WireItem,
     item_key,
     item_nbytes,
 )
@@ -613,7 +614,7 @@ class _Reference:
             f", hash {_short(raw['hash'])}, key {self.key.hex()})"
         )
 
-    def fill(self, item: WireFeature) -> WireFeature:
+    def fill(self, item: WireItem) -> WireFeature:
         """The feature: this reference's own fields, the item's tensors and norm spec."""
         raw = self.raw
         if raw["modality"] != item.modality or raw["hash"] != item.hash:
@@ -623,20 +624,52 @@ class _Reference:
                 f"{item.hash!r}, not this one"
             )
         try:
-            return WireFeature(
-                item.modality,
-                raw["item_index"],
-                item.hash,
-                raw["offset"],
-                raw["length"],
-                self.is_embed,
-                dict(item.data),  # the request's own dict: the tensors are shared, read-only
-                item.norm,
-            )
+            return _placed(item, raw["item_index"], raw["offset"], raw["length"], self.is_embed)
         except (TypeError, ValueError) as exc:
             raise DecodeError(
                 f"engine request feature {self.position}: bad feature: {exc}"
             ) from None
+
+
+def _placed(
+    item: WireItem, item_index: Any, offset: Any, length: Any, is_embed: Any
+) -> WireFeature:
+    """A kept item (tensors and norm spec, checked when it was decoded) at another place in
+    another request: only the placement's fields are checked, as the constructor does."""
+    if (
+        type(item_index) is int
+        and item_index >= 0
+        and type(offset) is int
+        and offset >= 0
+        and type(length) is int
+        and length >= 0
+        and (
+            is_embed is None
+            or (
+                type(is_embed) is torch.Tensor
+                and is_embed.dtype is torch.bool
+                and is_embed.shape == (length,)
+            )
+        )
+    ):
+        feature = object.__new__(WireFeature)
+        for name, value in (
+            ("modality", item.modality),
+            ("item_index", item_index),
+            ("hash", item.hash),
+            ("offset", offset),
+            ("length", length),
+            ("is_embed", is_embed),
+            ("data", dict(item.data)),  # the request's own dict; the tensors are shared
+            ("norm", item.norm),
+        ):
+            object.__setattr__(feature, name, value)
+        return feature
+    # Something unusual or wrong: the constructor's checks say what.
+    norm = None if item.norm is None else dict(item.norm)
+    return WireFeature(
+        item.modality, item_index, item.hash, offset, length, is_embed, dict(item.data), norm
+    )
 
 
 def _build_feature(raw: Any, position: int, tensor: _Resolve) -> WireFeature | _Reference:
@@ -752,8 +785,8 @@ def _fill(
     """Every feature of a request with references, the references filled in (from ``items``,
     or from an item in full earlier in the same request); their keys go into ``keys``. Every
     reference is resolved before anything is stored, so none can be evicted meanwhile."""
-    found: dict[int, WireFeature] = {}
-    local: dict[bytes, WireFeature] | None = None
+    found: dict[int, WireItem] = {}
+    local: dict[bytes, WireItem] | None = None
     missing: list[_Reference] = []
     for feature in built:
         if type(feature) is not _Reference:
