@@ -11,10 +11,10 @@ What the sender knows of the receiver's cache is only ever a guess: the receiver
 own (other senders fill it), restarts empty, or is another receiver than the last one. A
 reference the receiver does not hold makes it answer the whole request as *missing items*
 (`MissingItemsError`: not delivered, and not refused as malformed), and the sender sends the
-request again at once with every item in full, which cannot be answered so. A wrong guess costs one round
-trip and one full send, never a lost or wrong request. A request's references are resolved
-before its full items are stored, and it keeps what it was filled with, so eviction while a
-request is decoded changes nothing.
+request again at once with every item in full, which cannot be answered so. A wrong guess costs
+one round trip and one full send, never a lost or wrong request. A request's references are
+resolved before its full items are stored, and it keeps what it was filled with, so eviction
+while a request is decoded changes nothing.
 
 An item's key (`item_key`) names its content and its wire form: a digest of the feature's
 ``hash`` (content, model and processing options, as the front end's processor hashed it), its
