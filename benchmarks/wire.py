@@ -12,12 +12,18 @@ For requests holding 1 or 4 tensors of 1 KiB .. 64 MiB it measures
   (encode / decode, as the reference measured) and a whole request (RequestSender ->
   RequestReceiver), each next to the same
   frames sent as raw ZMQ multipart messages (copy=False, no encode/decode) and to a plain memcpy
-  of the same bytes.
+  of the same bytes (these senders keep no items: every request goes in full);
+* items by reference (a 1024x768 Qwen2-VL image, 4.48 MiB, sent before): the bytes a repeated
+  image costs on the wire, the engine-side decode of a request whose item is filled in from the
+  receiver's cache next to the same request without media, the round trip of each, and the bytes
+  of a 10-turn chat with one new image per turn, with and without references.
 
 Reference (vLLM's serializer, measured on the seed's machine): ~3.4 us to encode a request with aux
 frames whatever the tensor size (32 ms for a 64 MiB tensor inline), ~5 us to decode, no added peak
 memory, round trip within 10-25% of raw frames. Targets: encode flat in tensor size and within
-1.5x of those microseconds, no measurable added peak RSS, round trip within 25% of raw frames.
+1.5x of those microseconds, no measurable added peak RSS, round trip within 25% of raw frames; a
+repeated image at most 256 bytes on the wire, and the decode of a request whose items all come
+by reference at most 2x that of the same request without media.
 
     python benchmarks/wire.py                    # full table (under a minute)
     python benchmarks/wire.py --quick            # up to 1 MiB, fewer repetitions
@@ -44,8 +50,10 @@ from typing import Any
 import torch
 import zmq
 from mmproc.wire import (
+    DEFAULT_ITEM_CACHE_BYTES,
     DecodeLimits,
     EngineRequest,
+    ItemCache,
     RequestReceiver,
     RequestSender,
     WireFeature,
@@ -53,7 +61,9 @@ from mmproc.wire import (
     decode_request,
     encode,
     encode_request,
+    item_key,
 )
+from mmproc.wire.schema import encode_request_refs
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -178,15 +188,16 @@ def make_request(tensors: list[torch.Tensor]) -> EngineRequest:
     return EngineRequest("bench", list(range(64)), features, {"max_tokens": 16})
 
 
-def make_qwen_request() -> tuple[EngineRequest, list[torch.Tensor]]:
+def make_qwen_request(seed: int = 0) -> tuple[EngineRequest, list[torch.Tensor]]:
     """What a real request looks like: one 1024x768 image as Qwen2-VL's uint8 patches (grid
     1x54x74: 3996 patches of 1176 values, 4.48 MiB), its 999 placeholders in a 1,024-token
-    prompt."""
-    pixels = torch.randint(0, 256, (3996, 1176), dtype=torch.uint8)
+    prompt. ``seed`` picks the image (and its hash, 64 hex digits as blake3 makes them)."""
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (3996, 1176), dtype=torch.uint8, generator=generator)
     feature = WireFeature(
         modality="image",
         item_index=0,
-        hash="0" * 32,
+        hash=f"{seed:064x}",
         offset=15,
         length=999,
         is_embed=None,
@@ -277,7 +288,12 @@ class Engine:
             if not self.ack.poll(120_000):
                 raise RuntimeError("the engine process did not start")
             self.ack.recv()
-        self.sender = RequestSender(f"ipc://{workdir}/mmproc.sock", context=self.context)
+        # Keeping no items: the rows above compare whole requests with their raw frames.
+        self.sender = RequestSender(
+            f"ipc://{workdir}/mmproc.sock", context=self.context, item_cache_bytes=0
+        )
+        # The default: an item the receiver acknowledged holding goes again by reference.
+        self.ref_sender = RequestSender(f"ipc://{workdir}/mmproc.sock", context=self.context)
         self.push = self.context.socket(zmq.PUSH)
         self.push.connect(f"ipc://{workdir}/raw.sock")
         self.push_codec = self.context.socket(zmq.PUSH)
@@ -337,6 +353,7 @@ class Engine:
         self.process.terminate()
         self.process.join()
         self.sender.close()
+        self.ref_sender.close()
         self.push.close(linger=0)
         self.push_codec.close(linger=0)
         self.ack.close(linger=0)
@@ -491,6 +508,165 @@ def print_verdict(rows: list[Row]) -> None:
         )
 
 
+@dataclass
+class References:
+    """Items by reference: a repeated 1024x768 Qwen2-VL image."""
+
+    wire_full: int
+    """Bytes on the wire of the request with its image in full (its first send)."""
+    wire_ref: int
+    """... of the same request again, its image by reference."""
+    wire_none: int
+    """... of the same request without media."""
+    dec_full: float
+    dec_full_keep: float
+    """Decode of the full request, plus keying its item for the receiver's cache."""
+    dec_ref: float
+    """Decode of the request by reference, its item filled in from the cache."""
+    dec_none: float
+    enc_full: float
+    enc_ref: float
+    """What the sender does for a request by reference: key the item, encode without it."""
+    trip_full: float
+    trip_ref: float
+    trip_none: float
+    chat_full: int
+    """Bytes of a 10-turn chat, one new image per turn, every image in every turn in full."""
+    chat_ref: int
+    """... with references: each image crosses once."""
+    chat_refs: int
+    chat_items_in_full: int
+
+
+def _wire_bytes(sender: RequestSender, engine: Engine, request: EngineRequest) -> int:
+    """Bytes ``request`` put on the wire, sent once and acknowledged."""
+    before = sender.stats.bytes
+    sender.send(request)
+    engine.ack.recv()
+    if not sender.flush(60):
+        raise RuntimeError(f"request {request.request_id} was not acknowledged")
+    return sender.stats.bytes - before
+
+
+def _trip(sender: RequestSender, engine: Engine, request: EngineRequest, budget_s: float) -> float:
+    def trip() -> None:
+        sender.send(request)
+        engine.ack.recv()
+
+    return time_per_call(trip, budget_s=budget_s)
+
+
+def measure_references(engine: Engine, budget_s: float, quiet_s: float) -> References:
+    request, _ = make_qwen_request(seed=7)
+    no_media = EngineRequest("bench", request.prompt_token_ids, [], request.params)
+    full_frames = encode_request(request)
+    kept = decode_request(full_frames).features[0]
+    key = item_key(kept)
+    cache = ItemCache(DEFAULT_ITEM_CACHE_BYTES)
+    cache.keep(key, kept)
+    ref_frames = encode_request(request, by_reference={key})
+    none_frames = encode_request(no_media)
+    feature = request.features[0]
+
+    def decode_and_keep() -> None:
+        item_key(decode_request(full_frames).features[0])
+
+    wait_until_quiet(quiet_s)
+    dec_none = time_per_call(lambda: decode_request(none_frames), budget_s=budget_s)
+    dec_ref = time_per_call(lambda: decode_request(ref_frames, items=cache), budget_s=budget_s)
+    dec_full = time_per_call(lambda: decode_request(full_frames), budget_s=budget_s)
+    dec_full_keep = time_per_call(decode_and_keep, budget_s=budget_s)
+    enc_full = time_per_call(lambda: encode_request(request), budget_s=budget_s)
+    enc_ref = time_per_call(
+        lambda: encode_request_refs(request, None, [item_key(feature)]), budget_s=budget_s
+    )
+
+    sender = engine.ref_sender
+    wire_full = _wire_bytes(sender, engine, request)  # the first send of this image
+    wire_ref = _wire_bytes(sender, engine, request)
+    wire_none = _wire_bytes(sender, engine, no_media)
+    wait_until_quiet(quiet_s)
+    trip_ref = _trip(sender, engine, request, 4 * budget_s)
+    trip_none = _trip(sender, engine, no_media, 4 * budget_s)
+    trip_full = _trip(engine.sender, engine, request, 4 * budget_s)
+    if not sender.flush(60):
+        raise RuntimeError("the round trips by reference were not all acknowledged")
+
+    # A 10-turn chat: turn t carries images 0..t-1 (new ones: seeds the receiver never saw).
+    images = [make_qwen_request(seed=100 + turn)[0].features[0] for turn in range(10)]
+    chats = {}
+    for name, chat_sender in (("full", engine.sender), ("ref", sender)):
+        before = chat_sender.stats
+        for turn in range(1, 11):
+            features = [
+                WireFeature("image", index, f.hash, 1000 * index, f.length, None, f.data, f.norm)
+                for index, f in enumerate(images[:turn])
+            ]
+            turn_request = EngineRequest(f"{name}-{turn}", list(range(1000 * turn + 24)), features)
+            _wire_bytes(chat_sender, engine, turn_request)
+        after = chat_sender.stats
+        chats[name] = (
+            after.bytes - before.bytes,
+            after.items_by_reference - before.items_by_reference,
+            after.items_in_full - before.items_in_full,
+        )
+    return References(
+        wire_full=wire_full,
+        wire_ref=wire_ref,
+        wire_none=wire_none,
+        dec_full=dec_full,
+        dec_full_keep=dec_full_keep,
+        dec_ref=dec_ref,
+        dec_none=dec_none,
+        enc_full=enc_full,
+        enc_ref=enc_ref,
+        trip_full=trip_full,
+        trip_ref=trip_ref,
+        trip_none=trip_none,
+        chat_full=chats["full"][0],
+        chat_ref=chats["ref"][0],
+        chat_refs=chats["ref"][1],
+        chat_items_in_full=chats["ref"][2],
+    )
+
+
+def print_references(refs: References) -> None:
+    print(
+        "\nItems by reference: one 1024x768 Qwen2-VL image (4.48 MiB), 1,024-token prompt; bytes "
+        "on the wire (envelope included), us per request"
+    )
+    head = (
+        f"{'request':>22} | {'wire bytes':>11} | {'encode':>8} | {'decode':>8} {'/ no media':>10}"
+        f" | {'ipc RTT':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    rows = (
+        ("image in full", refs.wire_full, refs.enc_full, refs.dec_full, refs.trip_full),
+        ("image by reference", refs.wire_ref, refs.enc_ref, refs.dec_ref, refs.trip_ref),
+        ("no media", refs.wire_none, None, refs.dec_none, refs.trip_none),
+    )
+    for name, wire, enc, dec, trip in rows:
+        print(
+            f"{name:>22} | {wire:>11,} | {'-' if enc is None else _us(enc):>8} | {_us(dec):>8} "
+            f"{dec / refs.dec_none:>10.2f} | {_us(trip):>9}"
+        )
+    print(
+        f"  the repeated image costs {refs.wire_ref - refs.wire_none} bytes on the wire (target <= "
+        f"256); decode by reference / no media: {refs.dec_ref / refs.dec_none:.2f} (target <= 2)"
+    )
+    print(
+        f"  receiver, first send: decode {_us(refs.dec_full)} + keying the item "
+        f"{_us(refs.dec_full_keep - refs.dec_full)}; sender by reference: keying + encode "
+        f"{_us(refs.enc_ref)}"
+    )
+    print(
+        f"  10-turn chat, one new image per turn: {refs.chat_full / MIB:,.1f} MiB every image in "
+        f"every turn, {refs.chat_ref / MIB:,.1f} MiB by reference ({refs.chat_items_in_full} "
+        f"images in full, {refs.chat_refs} by reference)"
+    )
+
+
 PROMPT_LENGTHS = [64, 1024, 16384, 131072]
 
 
@@ -540,6 +716,7 @@ def main() -> None:
                 args.wait_quiet,
                 lambda: engine.round_trips(qwen_request, qwen_tensors, 4 * budget_s),
             )
+            references = measure_references(engine, budget_s, args.wait_quiet)
         finally:
             engine.close()
     jiffies_after = _cpu_jiffies()
@@ -550,6 +727,7 @@ def main() -> None:
         f" (ratio {qwen_trip.request_ratio:.2f}); codec RTT {_us(qwen_trip.codec_s)} vs raw "
         f"{_us(qwen_trip.codec_raw_s)} (ratio {qwen_trip.codec_ratio:.2f})"
     )
+    print_references(references)
     print_prompt_lengths(budget_s)
     print_verdict(rows)
     if jiffies_before is not None and jiffies_after is not None:

@@ -3,6 +3,7 @@ refusals, and a receiver process killed mid-stream. Real sockets, real processes
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -22,10 +23,12 @@ from mmproc.wire import (
     EngineRequest,
     RequestReceiver,
     RequestSender,
+    SenderStats,
     WireFeature,
     encode_request,
 )
 from mmproc.wire.delivery import (
+    ACK,
     DEDUP_ENTRIES_PER_SENDER,
     DEDUP_HOLD,
     DEDUP_SENDERS,
@@ -105,7 +108,7 @@ def test_a_copy_of_an_acknowledged_request_is_dropped_and_acknowledged_again(
             assert receiver.recv(timeout=0.3) is None and receiver.duplicates == 1
             for _ in range(2):
                 assert peer.poll(int(WAIT * 1000))
-                assert unpack_reply(peer.recv()) == (True, session, 0, "")
+                assert unpack_reply(peer.recv()) == (ACK, session, 0, "", b"")
     finally:
         peer.close(linger=0)
         context.term()
@@ -216,7 +219,7 @@ def test_malformed_messages_from_many_new_senders_do_not_make_a_live_senders_res
             assert receiver.duplicates == 1 and receiver.received == 1
             for _ in range(2):  # acknowledged when taken, and again for the copy
                 assert live.poll(int(WAIT * 1000))
-                assert unpack_reply(live.recv()) == (True, session, 0, "")
+                assert unpack_reply(live.recv()) == (ACK, session, 0, "", b"")
     finally:
         for peer in (live, *flooders):
             peer.close(linger=0)
@@ -318,16 +321,29 @@ def test_a_senders_base_forgets_what_it_settled() -> None:
 # --- a receiver process killed mid-stream ---------------------------------------------------------
 
 
+def tensor_digest(request: EngineRequest) -> str:
+    """A digest of every tensor of every feature of ``request``: names, dtypes, shapes, bytes."""
+    digest = hashlib.sha256()
+    for feature in request.features:
+        for name, tensor in feature.data.items():
+            digest.update(f"{feature.hash} {name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+            digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def engine_process(address: str, log_path: str) -> None:
-    """An engine: records each request it takes (id and attempt) before acknowledging it, and
-    works a millisecond on each, so that requests queue up in front of it."""
+    """An engine: records each request it takes (id, attempt and `tensor_digest`) before
+    acknowledging it, and works a millisecond on each, so that requests queue up in front of
+    it."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     with RequestReceiver(address, auto_ack=False) as receiver:
         os.write(fd, b"ready\n")
         while True:
             delivery = receiver.recv_delivery()
             assert delivery is not None
-            os.write(fd, f"{delivery.request.request_id} {delivery.attempt}\n".encode())
+            request = delivery.request
+            line = f"{request.request_id} {delivery.attempt} {tensor_digest(request)}\n"
+            os.write(fd, line.encode())
             receiver.ack(delivery)
             time.sleep(0.001)
 
@@ -344,8 +360,12 @@ def start_engine(address: str, log_path: Path) -> multiprocessing.Process:
 
 
 def records(log_path: Path) -> list[tuple[str, int]]:
+    return [(rid, attempt) for rid, attempt, _ in digests(log_path)]
+
+
+def digests(log_path: Path) -> list[tuple[str, int, str]]:
     lines = log_path.read_text().splitlines() if log_path.exists() else []
-    return [(rid, int(attempt)) for rid, attempt in (line.split() for line in lines[1:])]
+    return [(rid, int(attempt), digest) for rid, attempt, digest in map(str.split, lines[1:])]
 
 
 def wait_for_records(log_path: Path, count: int) -> None:
@@ -358,31 +378,44 @@ def wait_for_records(log_path: Path, count: int) -> None:
     raise AssertionError(f"{log_path.name}: the engine did not record {count} requests")
 
 
-def test_a_receiver_killed_mid_stream_loses_no_request_and_hands_none_out_twice(
-    ipc_address: str, tmp_path: Path
-) -> None:
-    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    ids = [f"req-{index}" for index in range(400)]
-    first = start_engine(ipc_address, first_log)
+def send_through_a_restart(
+    address: str,
+    first_log: Path,
+    second_log: Path,
+    requests: list[EngineRequest],
+    kill_after: int,
+) -> SenderStats:
+    """Send ``requests`` to an engine process, killing it after the first ``kill_after`` (once it
+    has taken 20, more waiting in the queues) and starting another in its place; every request
+    must end acknowledged. The sender's stats at the end."""
+    first = start_engine(address, first_log)
     second = None
     try:
-        with RequestSender(ipc_address, ack_timeout=0.5, max_attempts=20, window=1024) as sender:
-            for index, request_id in enumerate(ids):
-                sender.send(make_request(request_id), timeout=WAIT)
-                if index == 200:
-                    # Mid-stream: the engine has taken some, more wait in the queues.
+        with RequestSender(address, ack_timeout=0.5, max_attempts=20, window=1024) as sender:
+            for index, request in enumerate(requests):
+                sender.send(request, timeout=WAIT)
+                if index == kill_after:
                     wait_for_records(first_log, 20)
                     os.kill(first.pid, signal.SIGKILL)
                     first.join(WAIT)
-                    second = start_engine(ipc_address, second_log)
+                    second = start_engine(address, second_log)
             assert sender.flush(timeout=6 * WAIT)
             assert sender.unacknowledged == [] and sender.take_failures() == []
-            resent = sender.resent
+            return sender.stats
     finally:
         for process in (first, second):
             if process is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGKILL)
                 process.join(WAIT)
+
+
+def test_a_receiver_killed_mid_stream_loses_no_request_and_hands_none_out_twice(
+    ipc_address: str, tmp_path: Path
+) -> None:
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    ids = [f"req-{index}" for index in range(400)]
+    requests = [make_request(request_id) for request_id in ids]
+    resent = send_through_a_restart(ipc_address, first_log, second_log, requests, 200).resent
 
     before, after = records(first_log), records(second_log)
     before_ids, after_ids = [rid for rid, _ in before], [rid for rid, _ in after]
@@ -396,3 +429,39 @@ def test_a_receiver_killed_mid_stream_loses_no_request_and_hands_none_out_twice(
     for request_id, attempt in after:
         if request_id in set(before_ids):
             assert attempt > 1, request_id
+
+
+def image_request(request_id: str, seeds: tuple[int, int]) -> EngineRequest:
+    """A request with two images, each 64 Qwen2-VL patches (75 KiB) drawn from its seed."""
+    features = []
+    for index, seed in enumerate(seeds):
+        generator = torch.Generator().manual_seed(seed)
+        pixels = torch.randint(0, 256, (64, 1176), dtype=torch.uint8, generator=generator)
+        data = {"pixel_values": pixels, "image_grid_thw": torch.tensor([1, 8, 8])}
+        features.append(WireFeature("image", index, f"img-{seed}", 4 * index, 4, None, data))
+    return EngineRequest(request_id, list(range(16)), features)
+
+
+def test_a_receiver_killed_mid_stream_while_items_go_by_reference_loses_nothing_and_stays_exact(
+    ipc_address: str, tmp_path: Path
+) -> None:
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    # Six images shared by all requests: after the first few, items go by reference, and the
+    # restarted engine holds none of the items the sender refers to.
+    sent = {
+        f"req-{index}": image_request(f"req-{index}", (index % 6, (index + 2) % 6))
+        for index in range(300)
+    }
+    stats = send_through_a_restart(ipc_address, first_log, second_log, list(sent.values()), 150)
+
+    taken = digests(first_log) + digests(second_log)
+    # Every request reached an engine, and whichever engine took it got exactly its tensors.
+    assert {rid for rid, _, _ in taken} == set(sent)
+    for rid, _, digest in taken:
+        assert digest == tensor_digest(sent[rid]), rid
+    # None handed out twice by one receiver.
+    for log in (first_log, second_log):
+        ids = [rid for rid, _ in records(log)]
+        assert len(set(ids)) == len(ids)
+    # Items went by reference, and the new engine's missing items cost sends in full.
+    assert stats.items_by_reference > 0 and stats.resent_in_full >= 1

@@ -26,11 +26,13 @@ from mmproc.wire import (
     SCHEMA_VERSION,
     DecodeLimits,
     EngineRequest,
+    ItemCache,
     WireFeature,
     decode,
     decode_request,
     encode,
     encode_request,
+    item_key,
 )
 
 FUZZ = settings(
@@ -549,6 +551,29 @@ def mutated_requests(draw: st.DrawFn) -> list[bytes]:
 @given(frames=mutated_requests())
 def test_mutated_requests_only_ever_raise_decode_error(frames: list[bytes]) -> None:
     decode_request_or_reject(frames)
+
+
+@st.composite
+def mutated_requests_by_reference(draw: st.DrawFn) -> list[bytes]:
+    request = draw(engine_requests())
+    keys = {item_key(feature) for feature in request.features}
+    try:
+        frames = encode_request(request, threshold=draw(thresholds), by_reference=keys)
+    except EncodeError as exc:
+        assert "form of an encoded tensor" in str(exc)
+        reject()
+    return mutate(draw, frames)
+
+
+@FUZZ
+@given(frames=mutated_requests_by_reference())
+def test_mutated_requests_by_reference_only_ever_raise_decode_error(frames: list[bytes]) -> None:
+    items = ItemCache(1 << 20)
+    try:
+        request = decode_request(frames, items=items)
+    except DecodeError:  # MissingItemsError among them: nothing is held
+        return
+    assert all(feature.data is not None for feature in request.features)
 
 
 JUNK = (

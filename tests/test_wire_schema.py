@@ -101,7 +101,7 @@ def test_request_wire_layout() -> None:
         "params",
         "prompt_outputs",
     ]
-    assert body["schema_version"] == SCHEMA_VERSION == 3
+    assert body["schema_version"] == SCHEMA_VERSION == 4
     types = (np.arange(20) % 3).astype("<i8").tobytes()
     assert body["prompt_outputs"] == {
         "mm_token_type_ids": ["int64", [20], msgpack.ExtType(3, types)]
@@ -119,7 +119,9 @@ def test_request_wire_layout() -> None:
         "is_embed",
         "data",
         "norm",
+        "ref",
     ]
+    assert feature["ref"] is None  # in full
     assert feature["data"]["pixel_values"] == ["uint8", [16, 588], 1]
     assert feature["data"]["image_grid_thw"][:2] == ["int64", [3]]
     assert feature["is_embed"] == ["bool", [4], msgpack.ExtType(3, b"\x01\x00\x01\x00")]
@@ -143,8 +145,8 @@ def test_request_without_features_and_with_tensor_params() -> None:
 
 def test_other_schema_version_is_rejected_clearly() -> None:
     wire = make_request().to_wire()
-    wire["schema_version"] = 2
-    with pytest.raises(DecodeError, match=r"schema version 2.*reads version 3"):
+    wire["schema_version"] = 3  # the release before features by reference
+    with pytest.raises(DecodeError, match=r"schema version 3.*reads version 4.*same mmproc"):
         decode_request(encode(wire))
     del wire["schema_version"]
     with pytest.raises(DecodeError, match="no 'schema_version'"):

@@ -22,11 +22,11 @@ from mmproc.wire import (
     RequestSender,
     WireFeature,
     decode,
-    decode_request,
     encode,
     encode_request,
 )
-from mmproc.wire.delivery import Envelope, unpack_reply
+from mmproc.wire.delivery import REFUSED, Envelope, Reply, unpack_reply
+from mmproc.wire.schema import decode_request_keys
 
 # Generous: only reached when something is broken, never a measure of speed.
 WAIT = 10.0
@@ -209,11 +209,11 @@ def test_receiver_decodes_tensors_as_views_over_the_received_frames(
 
     received: list[Any] = []
 
-    def keep_frames(frames: Any, **kwargs: Any) -> EngineRequest:
+    def keep_frames(frames: Any, *args: Any) -> tuple[EngineRequest, list[bytes | None]]:
         received.append(frames)
-        return decode_request(frames, **kwargs)
+        return decode_request_keys(frames, *args)
 
-    monkeypatch.setattr(transport, "decode_request", keep_frames)
+    monkeypatch.setattr(transport, "decode_request_keys", keep_frames)
     pixels = torch.randn(256, 1024)
     with RequestReceiver(ipc_address) as receiver, RequestSender(ipc_address) as sender:
         sender.send(make_request("view", pixels), timeout=WAIT)
@@ -267,7 +267,7 @@ def envelope(sequence: int, session: bytes = b"raw-peer-session") -> bytes:
     return Envelope(session, sequence, 0, 1).pack()
 
 
-def replies(peer: zmq.Socket, count: int) -> list[tuple[bool, bytes, int, str]]:
+def replies(peer: zmq.Socket, count: int) -> list[Reply]:
     """The next ``count`` replies a receiver sent to a raw peer."""
     got = []
     for _ in range(count):
@@ -315,10 +315,10 @@ def test_malformed_messages_are_counted_logged_refused_and_skipped(
             assert any("larger than the limit" in line for line in logged)
             # Each one with an envelope was answered: refused with its reason, or acknowledged.
             answers = {
-                sequence: (ok, reason) for ok, _, sequence, reason in replies(peer, good + 1)
+                reply.sequence: (reply.kind, reply.reason) for reply in replies(peer, good + 1)
             }
-            assert answers[good] == (True, "")
-            assert all(not answers[sequence][0] for sequence in range(good))
+            assert answers[good] == ("ack", "")
+            assert all(answers[sequence][0] == REFUSED for sequence in range(good))
             assert "schema version 99" in answers[good - 1][1]
             assert "pickle" in answers[1][1]
     finally:

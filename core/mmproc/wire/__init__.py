@@ -10,7 +10,9 @@
   zero-copy and tracked, with bounded queues. The receiver acknowledges each request it hands to
   the engine and refuses malformed ones; the sender re-sends what goes unacknowledged and reports
   what it gives up on (`DeliveryFailure`); a receiver never hands out one request twice (the
-  guarantee, across restarts too, is in `mmproc.wire.transport`).
+  guarantee, across restarts too, is in `mmproc.wire.transport`). Each end keeps track of the
+  media items the receiver holds, so that an item sent once goes again as a reference only
+  (`mmproc.wire.items`); `SenderStats` / `ReceiverStats` count what went which way.
 
 Importing this package imports torch, numpy, msgpack and zmq; ``import mmproc`` does not import it.
 """
@@ -32,6 +34,12 @@ from mmproc.wire.codec import (
 )
 from mmproc.wire.delivery import Delivery, DeliveryFailure
 from mmproc.wire.dtypes import DEFAULT_ALLOWED_DTYPES
+from mmproc.wire.items import (
+    DEFAULT_ITEM_CACHE_BYTES,
+    ItemCache,
+    MissingItemsError,
+    item_key,
+)
 from mmproc.wire.schema import (
     SCHEMA_VERSION,
     EngineRequest,
@@ -39,6 +47,7 @@ from mmproc.wire.schema import (
     decode_request,
     encode_request,
 )
+from mmproc.wire.stats import ReceiverStats, SenderStats
 from mmproc.wire.transport import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_HWM,
@@ -54,6 +63,7 @@ __all__ = [  # noqa: RUF022
     "DEFAULT_ACK_TIMEOUT",
     "DEFAULT_ALLOWED_DTYPES",
     "DEFAULT_HWM",
+    "DEFAULT_ITEM_CACHE_BYTES",
     "DEFAULT_LIMITS",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_DEPTH",
@@ -67,14 +77,19 @@ __all__ = [  # noqa: RUF022
     "EncodeError",
     "EngineRequest",
     "Frame",
+    "ItemCache",
+    "MissingItemsError",
+    "ReceiverStats",
     "RequestReceiver",
     "RequestSender",
     "SCHEMA_VERSION",
+    "SenderStats",
     "THRESHOLD_ENV",
     "WireFeature",
     "decode",
     "decode_request",
     "encode",
     "encode_request",
+    "item_key",
     "zero_copy_threshold",
 ]

@@ -4,10 +4,14 @@ The sender numbers its messages (a random 16-byte *session* per sender, then a s
 from 0) and puts a small envelope frame in front of each: session, sequence, the attempt number,
 and its *base* -- the lowest sequence number it has not settled yet (every lower one has been
 acknowledged or given up on). The receiver answers each message it takes with an acknowledgement
-naming session and sequence, and each one it refuses (a malformed request) with a refusal that
-says why. The sender keeps every request until it is settled: acknowledged, refused, or not
+naming session and sequence (and which of the request's items it holds now: a bitmap over its
+features, `mmproc.wire.items`), and each one it refuses (a malformed request) with a refusal that
+says why. A request referring to items the receiver does not hold gets a third reply, *missing
+items*: no refusal, since the same request with its items in full is fine, and the sender sends
+it so at once. The sender keeps every request until it is settled: acknowledged, refused, or not
 acknowledged after ``max_attempts`` sends ``ack_timeout`` apart (each re-send carries the same
-session and sequence, and a higher attempt number).
+session and sequence, and a higher attempt number; the send in full after missing items is one
+more, beyond ``max_attempts`` if need be, so that a wrong guess never costs a request).
 
 A receiver remembers, per session, which sequence numbers at or above the sender's base it has
 delivered, and drops a message it has delivered before (acknowledging it again when it had been
@@ -42,6 +46,7 @@ import os
 import struct
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -76,10 +81,19 @@ re-sends a request for) may not exceed it."""
 
 _ENVELOPE: Final = struct.Struct(">4s16sQQI")  # magic, session, sequence, base, attempt
 _ENVELOPE_MAGIC: Final = b"MMD1"
-_REPLY: Final = struct.Struct(">4s16sQ")  # magic, session, sequence (+ a reason for refusals)
+# magic, session, sequence; then a reason (refusals, missing items) or a bitmap of the items held
+# (acknowledgements: bit i of byte i // 8 for feature i, from the least significant bit)
+_REPLY: Final = struct.Struct(">4s16sQ")
 _ACK_MAGIC: Final = b"MMA1"
 _REFUSAL_MAGIC: Final = b"MMR1"
+_MISSING_MAGIC: Final = b"MMM1"
 _MAX_REASON: Final = 1024
+MAX_HELD_ITEMS: Final = 8 * _MAX_REASON
+"""Most features of one request an acknowledgement says are held (the rest count as not)."""
+
+ACK: Final = "ack"
+REFUSED: Final = "refused"
+MISSING: Final = "missing"
 
 
 class Envelope(NamedTuple):
@@ -104,9 +118,14 @@ class Envelope(NamedTuple):
         return cls(session, sequence, base, attempt)
 
 
-def pack_ack(session: bytes, sequence: int) -> bytes:
-    """Internal: the reply saying the request was handed to the engine."""
-    return _REPLY.pack(_ACK_MAGIC, session, sequence)
+def pack_ack(session: bytes, sequence: int, held: Sequence[bool] = ()) -> bytes:
+    """Internal: the reply saying the request was handed to the engine; ``held`` says, per
+    feature, whether the receiver holds its item now (trailing False need no bytes)."""
+    bitmap = bytearray((min(len(held), MAX_HELD_ITEMS) + 7) // 8)
+    for position, kept in enumerate(held[:MAX_HELD_ITEMS]):
+        if kept:
+            bitmap[position >> 3] |= 1 << (position & 7)
+    return _REPLY.pack(_ACK_MAGIC, session, sequence) + bytes(bitmap).rstrip(b"\0")
 
 
 def pack_refusal(session: bytes, sequence: int, reason: str) -> bytes:
@@ -115,17 +134,46 @@ def pack_refusal(session: bytes, sequence: int, reason: str) -> bytes:
     return _REPLY.pack(_REFUSAL_MAGIC, session, sequence) + text
 
 
-def unpack_reply(frame: Any) -> tuple[bool, bytes, int, str] | None:
-    """Internal: (acknowledged, session, sequence, reason) of a reply, or None if it is none."""
+def pack_missing(session: bytes, sequence: int, reason: str) -> bytes:
+    """Internal: the reply saying the request refers to items the receiver does not hold."""
+    text = reason.encode("utf-8", "replace")[:_MAX_REASON]
+    return _REPLY.pack(_MISSING_MAGIC, session, sequence) + text
+
+
+class Reply(NamedTuple):
+    """Internal: one reply from a receiver."""
+
+    kind: str
+    """`ACK`, `REFUSED` or `MISSING`."""
+    session: bytes
+    sequence: int
+    reason: str = ""
+    """Why, for a refusal or missing items."""
+    held: bytes = b""
+    """For an acknowledgement: the bitmap of the request's features whose items are held."""
+
+    def holds(self, position: int) -> bool:
+        """Whether the acknowledgement says feature ``position``'s item is held."""
+        byte = position >> 3
+        return byte < len(self.held) and bool(self.held[byte] >> (position & 7) & 1)
+
+
+_REPLY_KINDS: Final = {_ACK_MAGIC: ACK, _REFUSAL_MAGIC: REFUSED, _MISSING_MAGIC: MISSING}
+
+
+def unpack_reply(frame: Any) -> Reply | None:
+    """Internal: the reply in ``frame``, or None if it is none."""
     data = bytes(frame)
     if len(data) < _REPLY.size or len(data) > _REPLY.size + _MAX_REASON:
         return None
     magic, session, sequence = _REPLY.unpack_from(data)
-    if magic == _ACK_MAGIC and len(data) == _REPLY.size:
-        return True, session, sequence, ""
-    if magic == _REFUSAL_MAGIC:
-        return False, session, sequence, data[_REPLY.size :].decode("utf-8", "replace")
-    return None
+    kind = _REPLY_KINDS.get(magic)
+    if kind is None:
+        return None
+    rest = data[_REPLY.size :]
+    if kind is ACK:
+        return Reply(ACK, session, sequence, "", rest)
+    return Reply(kind, session, sequence, rest.decode("utf-8", "replace"))
 
 
 # --- what the two ends see -----------------------------------------------------------------------
@@ -147,7 +195,7 @@ class Delivery:
     attempt: int
     """1 for a first send; more when the sender sent it again for want of an acknowledgement, so
     that a receiver process before this one may have taken it already (see the guarantee in
-    `mmproc.wire.transport`)."""
+    `mmproc.wire.transport`), or in full after this receiver lacked an item it referred to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +226,16 @@ class Outstanding:
     frames: list[Frame]
     attempt: int
     due: float
+    request: EngineRequest | None = None
+    """The request, while its frames refer to items (to send it again in full)."""
+    features: int = 0
+    """Features of the request."""
+    references: int = 0
+    """Features its frames send by reference (the others go in full)."""
+    keys: list[bytes | None] | None = None
+    """Per feature, its item key (None: not keyed); None when the sender keeps no items."""
+    sizes: list[int] | None = None
+    """Per feature, its tensor bytes (with ``keys``)."""
 
 
 class SenderLedger:
@@ -187,10 +245,12 @@ class SenderLedger:
         "ack_timeout",
         "acknowledged",
         "failures",
+        "given_up",
         "max_attempts",
         "next_due",
         "next_sequence",
         "outstanding",
+        "refused",
         "resent",
         "session",
     )
@@ -205,6 +265,8 @@ class SenderLedger:
         self.next_due = float("inf")
         self.acknowledged = 0
         self.resent = 0
+        self.refused = 0
+        self.given_up = 0
 
     @property
     def base(self) -> int:
@@ -239,16 +301,20 @@ class SenderLedger:
         if entry.sequence == self.next_sequence - 1:
             self.next_sequence -= 1
 
-    def settle(self, session: bytes, sequence: int, acknowledged: bool, reason: str) -> None:
-        """Apply a reply; replies for other sessions or settled requests are ignored."""
-        if session != self.session:
-            return
-        entry = self.outstanding.pop(sequence, None)
-        if entry is None:
+    def entry_for(self, reply: Reply) -> Outstanding | None:
+        """The unsettled request ``reply`` answers; None for other sessions or settled ones."""
+        if reply.session != self.session:
+            return None
+        return self.outstanding.get(reply.sequence)
+
+    def settle(self, entry: Outstanding, acknowledged: bool, reason: str) -> None:
+        """Settle ``entry``: acknowledged, or refused for ``reason``."""
+        if self.outstanding.pop(entry.sequence, None) is None:
             return
         if acknowledged:
             self.acknowledged += 1
         else:
+            self.refused += 1
             self.failures.append(DeliveryFailure(entry.request_id, True, reason, entry.attempt))
 
     def overdue(self, now: float) -> list[Outstanding]:
@@ -263,6 +329,7 @@ class SenderLedger:
                 next_due = min(next_due, entry.due)
             elif entry.attempt >= self.max_attempts:
                 del self.outstanding[entry.sequence]
+                self.given_up += 1
                 self.failures.append(
                     DeliveryFailure(
                         entry.request_id,

@@ -9,14 +9,22 @@ frame once it is at least the zero-copy threshold.
 
 The map, in this key order (tensors as the codec's ``[dtype, shape, data]``)::
 
-    {"schema_version": 3,
+    {"schema_version": 4,
      "request_id": str,
      "prompt_token_ids": ["<i8", [n], data],
      "features": [{"modality": str, "item_index": int, "hash": str,
                    "offset": int, "length": int, "is_embed": bool tensor | None,
-                   "data": {str: tensor, ...}, "norm": {str: plain value} | None}, ...],
+                   "data": {str: tensor, ...} | None, "norm": {str: plain value} | None,
+                   "ref": bin (16 bytes) | None}, ...],
      "params": {str: any codec value},
      "prompt_outputs": {str: tensor of shape [n], ...}}
+
+A feature travels in full (``data`` and ``norm`` set, ``ref`` None) or by reference (``data``
+and ``norm`` None, ``ref`` the item's key, `mmproc.wire.items.item_key`): then the receiver fills
+in the tensors and norm spec of the item it keeps under that key, and the feature's own fields
+(modality, index, hash, placement, ``is_embed``) stay the request's. `decode_request` resolves
+references against the ``items`` it is given and raises `mmproc.wire.items.MissingItemsError`
+(a `DecodeError`) for one it cannot; a decoded request never holds a reference.
 
 The prompt's token ids travel as one little-endian int64 array (numpy's ``"<i8"``), not as a
 msgpack array of ints: packing, parsing and checking one int at a time costs several times more
@@ -40,9 +48,9 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -52,10 +60,18 @@ from mmproc.wire.codec import (
     DEFAULT_LIMITS,
     DecodeLimits,
     Frame,
-    _Decoder,
     _Encoder,
     decode_tree,
     encode_tree,
+)
+from mmproc.wire.items import (
+    ITEM_KEY_BYTES,
+    MIN_ITEM_BYTES,
+    ItemCache,
+    MissingItemsError,
+    WireItem,
+    item_key,
+    item_nbytes,
 )
 from mmproc.wire.parse import MemoryBudget, _Fault, _short
 
@@ -67,9 +83,9 @@ __all__ = [
     "encode_request",
 ]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """Version of the request layout below; bumped on any incompatible change (2: token ids as an
-int64 array; 3: ``prompt_outputs``)."""
+int64 array; 3: ``prompt_outputs``; 4: features by reference, ``ref``)."""
 
 _FEATURE_KEYS: Final = (
     "modality",
@@ -80,6 +96,7 @@ _FEATURE_KEYS: Final = (
     "is_embed",
     "data",
     "norm",
+    "ref",
 )
 _REQUEST_KEYS: Final = (
     "schema_version",
@@ -368,10 +385,12 @@ class WireFeature:
             "is_embed": self.is_embed,
             "data": self.data,
             "norm": self.norm,
+            "ref": None,
         }
 
-    def _wire_tree(self, encoder: _Encoder, position: int) -> dict[str, Any]:
-        """`to_wire`, encoded in place: only the tensors go through the encoder's walk."""
+    def _wire_tree(self, encoder: _Encoder, position: int, ref: bytes | None) -> dict[str, Any]:
+        """`to_wire`, encoded in place: only the tensors go through the encoder's walk. With
+        ``ref`` (the item's key), the feature goes by reference: without tensors or norm."""
         is_embed = self.is_embed
         return {
             "modality": self.modality,
@@ -382,17 +401,29 @@ class WireFeature:
             "is_embed": None
             if is_embed is None
             else encoder.value(is_embed, ("features", position, "is_embed")),
-            "data": {
+            "data": None
+            if ref is not None
+            else {
                 key: encoder.value(value, ("features", position, "data", key))
                 for key, value in self.data.items()
             },
-            "norm": self.norm,  # validated: plain values, lists of numbers
+            "norm": None if ref is not None else self.norm,  # validated: plain values
+            "ref": ref,
         }
 
     @classmethod
     def from_wire(cls, obj: Any) -> WireFeature:
-        """Build a feature from its decoded map; anything malformed is a `DecodeError`."""
-        return _build_feature(obj, 0, _as_is)
+        """Build a feature from its decoded map; anything malformed is a `DecodeError`, a
+        feature by reference a `mmproc.wire.items.MissingItemsError` (only a request is filled
+        in: `decode_request`)."""
+        feature = _build_feature(obj, 0, _as_is)
+        if type(feature) is _Reference:
+            raise MissingItemsError(
+                f"engine request {feature.describe()} is a reference; decode the request it "
+                "came in with the receiver's items",
+                [0],
+            )
+        return cast(WireFeature, feature)  # not a reference
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -514,15 +545,18 @@ class EngineRequest:
             "prompt_outputs": self.prompt_outputs,
         }
 
-    def _wire_tree(self, encoder: _Encoder) -> dict[str, Any]:
+    def _wire_tree(
+        self, encoder: _Encoder, refs: Sequence[bytes | None] | None = None
+    ) -> dict[str, Any]:
         """`to_wire`, encoded in place. The fields validated on construction go into the tree as
-        they are; params, being free-form, are walked."""
+        they are; params, being free-form, are walked. ``refs`` has, per feature, the key it goes
+        by reference under, or None to send it in full."""
         return {
             "schema_version": SCHEMA_VERSION,
             "request_id": self.request_id,
             "prompt_token_ids": self._token_tree(encoder),
             "features": [
-                feature._wire_tree(encoder, position)
+                feature._wire_tree(encoder, position, None if refs is None else refs[position])
                 for position, feature in enumerate(self.features)
             ],
             "params": encoder.value(self.params, ("params",)),
@@ -538,15 +572,19 @@ class EngineRequest:
             raise
 
     @classmethod
-    def from_wire(cls, obj: Any, *, limits: DecodeLimits | None = None) -> EngineRequest:
-        """Build a request from its decoded map (as `mmproc.wire.decode` returns it).
+    def from_wire(
+        cls, obj: Any, *, limits: DecodeLimits | None = None, items: ItemCache | None = None
+    ) -> EngineRequest:
+        """Build a request from its decoded map (as `mmproc.wire.decode` returns it), filling
+        features sent by reference in from ``items``.
 
         Raises `DecodeError` for a schema version other than `SCHEMA_VERSION`, a missing or
         unknown key, more token ids than ``limits.max_prompt_tokens`` (default `DEFAULT_LIMITS`),
-        or any field that fails validation (naming the feature at fault).
+        or any field that fails validation (naming the feature at fault); its subclass
+        `mmproc.wire.items.MissingItemsError` for a reference ``items`` does not hold.
         """
         max_tokens = (DEFAULT_LIMITS if limits is None else limits).max_prompt_tokens
-        return _build_request(obj, _as_is, _as_is, max_tokens)
+        return _build_request(obj, _as_is, _as_is, max_tokens, None, items)[0]
 
 
 # How the builders below get a field's final value: as it is (a map `decode` already converted),
@@ -558,7 +596,83 @@ def _as_is(value: Any, path: tuple[str | int, ...]) -> Any:
     return value
 
 
-def _build_feature(raw: Any, position: int, tensor: _Resolve) -> WireFeature:
+class _Reference:
+    """A feature that came by reference, until its item is filled in (`_fill`)."""
+
+    __slots__ = ("is_embed", "key", "position", "raw")
+
+    def __init__(self, raw: dict[str, Any], position: int, is_embed: Any, key: bytes) -> None:
+        self.raw = raw
+        self.position = position
+        self.is_embed = is_embed
+        self.key = key
+
+    def describe(self) -> str:
+        raw = self.raw
+        return (
+            f"feature {self.position} ({_short(raw['modality'])} item {_short(raw['item_index'])}"
+            f", hash {_short(raw['hash'])}, key {self.key.hex()})"
+        )
+
+    def fill(self, item: WireItem) -> WireFeature:
+        """The feature: this reference's own fields, the item's tensors and norm spec."""
+        raw = self.raw
+        if raw["modality"] != item.modality or raw["hash"] != item.hash:
+            # The key covers both: only a peer that names another item's key gets here.
+            raise DecodeError(
+                f"engine request {self.describe()}: the key names {item.modality} item "
+                f"{item.hash!r}, not this one"
+            )
+        try:
+            return _placed(item, raw["item_index"], raw["offset"], raw["length"], self.is_embed)
+        except (TypeError, ValueError) as exc:
+            raise DecodeError(
+                f"engine request feature {self.position}: bad feature: {exc}"
+            ) from None
+
+
+def _placed(
+    item: WireItem, item_index: Any, offset: Any, length: Any, is_embed: Any
+) -> WireFeature:
+    """A kept item (tensors and norm spec, checked when it was decoded) at another place in
+    another request: only the placement's fields are checked, as the constructor does."""
+    if (
+        type(item_index) is int
+        and item_index >= 0
+        and type(offset) is int
+        and offset >= 0
+        and type(length) is int
+        and length >= 0
+        and (
+            is_embed is None
+            or (
+                type(is_embed) is torch.Tensor
+                and is_embed.dtype is torch.bool
+                and is_embed.shape == (length,)
+            )
+        )
+    ):
+        feature = object.__new__(WireFeature)
+        for name, value in (
+            ("modality", item.modality),
+            ("item_index", item_index),
+            ("hash", item.hash),
+            ("offset", offset),
+            ("length", length),
+            ("is_embed", is_embed),
+            ("data", dict(item.data)),  # the request's own dict; the tensors are shared
+            ("norm", item.norm),
+        ):
+            object.__setattr__(feature, name, value)
+        return feature
+    # Something unusual or wrong: the constructor's checks say what.
+    norm = None if item.norm is None else dict(item.norm)
+    return WireFeature(
+        item.modality, item_index, item.hash, offset, length, is_embed, dict(item.data), norm
+    )
+
+
+def _build_feature(raw: Any, position: int, tensor: _Resolve) -> WireFeature | _Reference:
     if type(raw) is not dict:
         raise DecodeError(
             f"engine request feature {position}: a feature must be a map, got {type(raw).__name__}"
@@ -568,6 +682,19 @@ def _build_feature(raw: Any, position: int, tensor: _Resolve) -> WireFeature:
     is_embed = raw["is_embed"]
     if is_embed is not None:
         is_embed = tensor(is_embed, ("features", position, "is_embed"))
+    ref = raw["ref"]
+    if ref is not None:
+        if type(ref) is not bytes or len(ref) != ITEM_KEY_BYTES:
+            raise DecodeError(
+                f"engine request feature {position}: ref must be {ITEM_KEY_BYTES} bytes (an item"
+                f" key) or nil, got {_short(ref)}"
+            )
+        if raw["data"] is not None or raw["norm"] is not None:
+            raise DecodeError(
+                f"engine request feature {position}: a feature by reference has nil data and "
+                "norm (the receiver fills them in)"
+            )
+        return _Reference(raw, position, is_embed, ref)
     data = raw["data"]
     if type(data) is dict:
         for key in data:
@@ -599,7 +726,9 @@ def _build_request(
     value: _Resolve,
     max_tokens: int | None,
     budget: MemoryBudget | None = None,
-) -> EngineRequest:
+    items: ItemCache | None = None,
+) -> tuple[EngineRequest, list[bytes | None]]:
+    """The request, and per feature the key it came by reference under (None: in full)."""
     if type(obj) is not dict:
         raise DecodeError(f"an engine request must be a map, got {type(obj).__name__}")
     version = obj.get("schema_version")
@@ -623,7 +752,12 @@ def _build_request(
         except _Fault as fault:
             fault.path.append("features")
             raise
-    features = [_build_feature(raw, position, tensor) for position, raw in enumerate(raw_features)]
+    built = [_build_feature(raw, position, tensor) for position, raw in enumerate(raw_features)]
+    keys: list[bytes | None] = [None] * len(built)
+    if any(type(feature) is _Reference for feature in built):
+        features = _fill(obj["request_id"], built, keys, items)
+    else:
+        features = cast(list[WireFeature], built)  # no reference among them
     ids = _token_list(tensor(obj["prompt_token_ids"], ("prompt_token_ids",)), max_tokens, budget)
     params = value(obj["params"], ("params",))
     raw_outputs = obj["prompt_outputs"]
@@ -636,9 +770,53 @@ def _build_request(
             raise DecodeError(f"engine request prompt_outputs key {_short(name)} is not a str")
     outputs = {name: tensor(raw, ("prompt_outputs", name)) for name, raw in raw_outputs.items()}
     try:
-        return EngineRequest._with_checked_ids(obj["request_id"], ids, features, params, outputs)
+        request = EngineRequest._with_checked_ids(obj["request_id"], ids, features, params, outputs)
     except (TypeError, ValueError) as exc:
         raise DecodeError(f"bad engine request: {exc}") from None
+    return request, keys
+
+
+def _fill(
+    request_id: Any,
+    built: list[WireFeature | _Reference],
+    keys: list[bytes | None],
+    items: ItemCache | None,
+) -> list[WireFeature]:
+    """Every feature of a request with references, the references filled in (from ``items``,
+    or from an item in full earlier in the same request); their keys go into ``keys``. Every
+    reference is resolved before anything is stored, so none can be evicted meanwhile."""
+    found: dict[int, WireItem] = {}
+    local: dict[bytes, WireItem] | None = None
+    missing: list[_Reference] = []
+    for feature in built:
+        if type(feature) is not _Reference:
+            continue
+        item = None if items is None else items.get(feature.key)
+        if item is None:
+            if local is None:  # keyed only when some reference is not in the cache
+                local = {}
+                for other in built:
+                    if type(other) is WireFeature and item_nbytes(other) >= MIN_ITEM_BYTES:
+                        local.setdefault(item_key(other), other)
+            item = local.get(feature.key)
+        if item is None:
+            missing.append(feature)
+        else:
+            found[feature.position] = item
+        keys[feature.position] = feature.key
+    if missing:
+        shown = "; ".join(reference.describe() for reference in missing[:4])
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        raise MissingItemsError(
+            f"engine request {_short(request_id)} refers to items this receiver does not hold: "
+            f"{shown}{more} (evicted, never received, or sent to another receiver); send it "
+            "again with its items in full",
+            [reference.position for reference in missing],
+        )
+    return [
+        feature.fill(found[feature.position]) if isinstance(feature, _Reference) else feature
+        for feature in built
+    ]
 
 
 def _describe(value: object) -> str:
@@ -659,33 +837,71 @@ def _exact_keys(what: str, obj: dict[str, Any], expected: tuple[str, ...]) -> No
     raise DecodeError(f"{what} map has the wrong keys: {'; '.join(parts)}")
 
 
-def encode_request(request: EngineRequest, *, threshold: int | None = None) -> list[Frame]:
+def encode_request(
+    request: EngineRequest,
+    *,
+    threshold: int | None = None,
+    by_reference: Collection[bytes] = (),
+) -> list[Frame]:
     """Encode a request into frames (see `mmproc.wire.encode`): the tensors of its features that
-    reach the zero-copy threshold leave as aux frames viewing their memory."""
+    reach the zero-copy threshold leave as aux frames viewing their memory. A feature whose
+    `mmproc.wire.items.item_key` is in ``by_reference`` goes as a reference, without tensors, for
+    a receiver that holds the item (`RequestSender` chooses these itself)."""
     if not isinstance(request, EngineRequest):
         raise TypeError(f"encode_request takes an EngineRequest, got {type(request).__name__}")
+    refs = None
+    if by_reference:
+        refs = [
+            key if key in by_reference else None
+            for key in (item_key(feature) for feature in request.features)
+        ]
+    return encode_request_refs(request, threshold, refs)
+
+
+def encode_request_refs(
+    request: EngineRequest, threshold: int | None, refs: Sequence[bytes | None] | None
+) -> list[Frame]:
+    """Internal to `mmproc.wire`: `encode_request` with, per feature, the key it goes by
+    reference under (None: in full)."""
     # Same bytes as encode(request.to_wire()), without re-walking what construction validated.
-    return encode_tree(request._wire_tree, threshold)
+    if refs is None:
+        return encode_tree(request._wire_tree, threshold)
+    return encode_tree(lambda encoder: request._wire_tree(encoder, refs), threshold)
 
 
-def decode_request(frames: Sequence[Any], *, limits: DecodeLimits | None = None) -> EngineRequest:
+def decode_request(
+    frames: Sequence[Any], *, limits: DecodeLimits | None = None, items: ItemCache | None = None
+) -> EngineRequest:
     """Decode frames made by `encode_request` into an `EngineRequest` whose tensors are read-only
     views over the frames. Anything malformed, a schema version mismatch included, raises
     `DecodeError`. Frame 0 must hold a map, which is checked on its first byte before anything is
     parsed; everything built on the way (parsed values, tensor objects, the token id list, the
     features) is charged to the memory budget of ``limits`` first. Custom ``limits`` must allow
-    the ``"<i8"`` dtype the token ids travel in (`RequestReceiver` checks that at start-up)."""
+    the ``"<i8"`` dtype the token ids travel in (`RequestReceiver` checks that at start-up).
+
+    Features sent by reference are filled in from ``items`` (whose tensors they then share);
+    one it does not hold raises `mmproc.wire.items.MissingItemsError`. Nothing is stored in
+    ``items`` here (`RequestReceiver` keeps the items of the requests it hands out)."""
+    return decode_request_keys(frames, limits, items)[0]
+
+
+def decode_request_keys(
+    frames: Sequence[Any], limits: DecodeLimits | None, items: ItemCache | None
+) -> tuple[EngineRequest, list[bytes | None]]:
+    """Internal to `mmproc.wire`: `decode_request`, and per feature the key it came by
+    reference under (None: in full, or not keyed)."""
     # Read the raw tree once, converting only where the schema holds tensors and params.
     return decode_tree(
         frames,
         limits,
-        _decode_request_tree,
+        lambda tree, decoder: _build_request(
+            tree,
+            decoder.tensor,
+            decoder.value,
+            decoder.limits.max_prompt_tokens,
+            decoder.budget,
+            items,
+        ),
         root_map="an engine request",
         build_cost=_BUILD_COST,
-    )
-
-
-def _decode_request_tree(tree: Any, decoder: _Decoder) -> EngineRequest:
-    return _build_request(
-        tree, decoder.tensor, decoder.value, decoder.limits.max_prompt_tokens, decoder.budget
     )

@@ -39,7 +39,25 @@ have reached an engine that died or stalled; re-sending it is the caller's call.
 receivers behind one sender, a re-send may reach another receiver than the first attempt did,
 which then counts as a restart: the guarantee above is per receiver. Re-sends, reading
 acknowledgements and giving up happen inside the sender's calls (`send`, `flush`,
-`unacknowledged`, `take_failures`): a sender left idle does them on its next call.
+`unacknowledged`, `take_failures`, `stats`): a sender left idle does them on its next call (but
+see below for requests sent by reference).
+
+Items by reference (`mmproc.wire.items`). Each acknowledgement says which of the request's items
+the receiver now keeps; the sender sends those items again as references while it takes them to
+be kept (``item_cache_bytes``), and the receiver fills references in before a request is handed
+out: the engine only ever sees whole requests. What the sender takes to be kept is a guess, and
+the guarantee above does not rest on it: a request referring to an item the receiver does not
+keep (it evicted it, it is a new process, it is another receiver, the item came from another
+sender's request that it has since dropped) is answered as missing items -- not delivered, not
+recorded, not refused -- and the sender sends it again at once with every item in full, which
+cannot be answered so. That send comes on top of ``max_attempts`` if need be; it leaves while the
+request is unsettled, within ``ack_timeout * max_attempts`` of its first send, so it stays inside
+what a receiver remembers of the sender. While requests sent by reference are unsettled, a thread
+of the sender's own reads the replies, so that this happens without waiting for the sender's next
+call. The items a request is filled with are taken before its own items are kept, and stay with
+it: an eviction meanwhile changes nothing. A sender's guesses are per sender, not per receiver:
+with several receivers behind one sender they are often wrong (each costing a send in full), and
+such a sender is better off with ``item_cache_bytes=0``.
 
 Tensors must not be modified until their request is acknowledged, since a re-send reads them
 again. Queues are bounded: by high-water marks (messages), and by the sender's ``window`` of
@@ -59,20 +77,25 @@ from __future__ import annotations
 import abc
 import logging
 import math
+import select
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any, Final, Self
 
 import zmq
 
-from mmproc.errors import ConfigurationError, DecodeError
+from mmproc.errors import ConfigurationError, DecodeError, EncodeError
 from mmproc.wire.codec import DEFAULT_LIMITS, DecodeLimits, Frame, zero_copy_threshold
 from mmproc.wire.delivery import (
+    ACK,
     DEDUP_ENTRIES_PER_SENDER,
     DEDUP_HOLD,
+    MISSING,
     Delivery,
     DeliveryFailure,
     Envelope,
@@ -80,10 +103,22 @@ from mmproc.wire.delivery import (
     ReceiverLedger,
     SenderLedger,
     pack_ack,
+    pack_missing,
     pack_refusal,
     unpack_reply,
 )
-from mmproc.wire.schema import EngineRequest, decode_request, encode_request
+from mmproc.wire.items import (
+    DEFAULT_ITEM_CACHE_BYTES,
+    MIN_ITEM_BYTES,
+    HeldItems,
+    ItemCache,
+    MissingItemsError,
+    check_cache_bytes,
+    item_key,
+    item_nbytes,
+)
+from mmproc.wire.schema import EngineRequest, decode_request_keys, encode_request_refs
+from mmproc.wire.stats import ReceiverStats, SenderStats
 
 __all__ = [
     "DEFAULT_ACK_TIMEOUT",
@@ -239,6 +274,12 @@ class RequestSender(_Endpoint):
     come again). ``linger`` is how long `close`
     lets queued messages drain, in seconds. A ``context`` passed in is shared and left running;
     otherwise the sender owns one and terminates it on `close`. Safe to use from several threads.
+
+    ``item_cache_bytes`` (default `mmproc.wire.items.DEFAULT_ITEM_CACHE_BYTES`, 1 GiB; set it to
+    the receiver's) is how many bytes of items the sender takes a receiver to keep: an item the
+    receiver acknowledged holding goes again as a reference, not in full, while the items it
+    holds fit in it (least recently sent first out). 0 sends every item in full. `stats` counts
+    what went which way.
     """
 
     def __init__(
@@ -253,6 +294,7 @@ class RequestSender(_Endpoint):
         ack_timeout: float = DEFAULT_ACK_TIMEOUT,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         window: int = DEFAULT_WINDOW,
+        item_cache_bytes: int = DEFAULT_ITEM_CACHE_BYTES,
     ) -> None:
         _check_hwm("send_hwm", send_hwm)
         if linger < 0:
@@ -274,11 +316,20 @@ class RequestSender(_Endpoint):
                 "receiver keeps a silent sender's record, mmproc.wire.delivery.DEDUP_HOLD), got "
                 f"{ack_timeout:g} s * {max_attempts}"
             )
+        held_bytes = check_cache_bytes("RequestSender", item_cache_bytes)
         self._threshold = zero_copy_threshold(threshold)
         self._linger = linger
         self._window = window
         self._lock = threading.Lock()
         self._ledger = SenderLedger(float(ack_timeout), max_attempts)
+        # What the receiver said it holds: a guess, which a missing-items reply corrects.
+        self._held = HeldItems(held_bytes) if held_bytes else None
+        self._counts = _SenderCounts()
+        # Requests sent by reference and not settled yet, by sequence number; while there are
+        # some, a thread of the sender's own reads the replies (`_watch_replies`).
+        self._referring: set[int] = set()
+        self._watching = threading.Event()
+        self._watcher: threading.Thread | None = None
         # Messages ZMQ may still be reading from: the tracker and the frames (which keep the
         # tensors alive; pyzmq holds them too, this makes the guarantee ours and lets flush wait).
         self._pending: deque[tuple[zmq.MessageTracker, list[Frame]]] = deque()
@@ -330,6 +381,30 @@ class RequestSender(_Endpoint):
         """Re-sends made so far (attempts after the first)."""
         return self._ledger.resent
 
+    @property
+    def item_cache_bytes(self) -> int:
+        """Bytes of items this sender takes a receiver to keep (0: every item goes in full)."""
+        return 0 if self._held is None else self._held.max_bytes
+
+    @property
+    def stats(self) -> SenderStats:
+        """What this sender has sent so far and what became of it (a snapshot; reads the
+        acknowledgements that have arrived first)."""
+        with self._lock:
+            if not self._closed:
+                self._service()
+            ledger, held = self._ledger, self._held
+            return SenderStats(
+                **asdict(self._counts),
+                resent=ledger.resent,
+                acknowledged=ledger.acknowledged,
+                refused=ledger.refused,
+                given_up=ledger.given_up,
+                unsettled=len(ledger.outstanding),
+                items_held=0 if held is None else len(held),
+                held_bytes=0 if held is None else held.nbytes,
+            )
+
     def take_failures(self) -> list[DeliveryFailure]:
         """The requests given up on since the last call, oldest first: refused by a receiver,
         or not acknowledged after ``max_attempts`` sends. Each is reported once."""
@@ -348,8 +423,23 @@ class RequestSender(_Endpoint):
         full, or no engine is connected; with ``timeout`` (seconds) raises ``TimeoutError``
         instead, having sent nothing. Raises `mmproc.errors.EncodeError` for a request that cannot
         be encoded, and ``RuntimeError`` once closed.
+
+        Items the receiver said it holds go as references (see ``item_cache_bytes``); should it
+        no longer hold one, the request is sent again at once with every item in full.
         """
-        frames = encode_request(request, threshold=self._threshold)
+        if not isinstance(request, EngineRequest):
+            raise TypeError(f"send takes an EngineRequest, got {type(request).__name__}")
+        keys = sizes = refs = None
+        if self._held is not None and request.features:
+            keys, sizes = _item_keys(request)
+            if keys is not None:
+                with self._lock:
+                    if self._closed:
+                        raise RuntimeError(f"RequestSender for {self._address} is closed")
+                    self._service()  # the latest acknowledgements say what the receiver holds
+                    refs = self._held.choose(keys)
+        references = 0 if refs is None else len(refs) - refs.count(None)
+        frames = encode_request_refs(request, self._threshold, refs if references else None)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             if self._closed:
@@ -371,12 +461,45 @@ class RequestSender(_Endpoint):
                     _WAIT_SLICE if remaining is None else min(_WAIT_SLICE, remaining)
                 )
             entry = ledger.add(request.request_id, frames)
+            entry.features, entry.keys, entry.sizes = len(request.features), keys, sizes
+            if references:
+                entry.request, entry.references = request, references
             try:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                return self._send_frames(entry, remaining, timeout)
+                tracker = self._send_frames(entry, remaining, timeout)
             except BaseException:
                 ledger.forget(entry)
                 raise
+            self._counts.requests += 1
+            if references:
+                self._watch(entry)
+            return tracker
+
+    def _watch(self, entry: Outstanding) -> None:
+        """Have the replies read in the background until ``entry`` (sent by reference) is
+        settled: should the receiver lack an item, the request goes again in full at once, not
+        at this sender's next call. Called with the lock held."""
+        self._referring.add(entry.sequence)
+        self._watching.set()
+        if self._watcher is None:
+            self._watcher = threading.Thread(
+                target=_watch_replies,
+                args=(weakref.ref(self),),
+                name=f"mmproc-sender-replies {self._address}",
+                daemon=True,
+            )
+            self._watcher.start()
+
+    def _still_referring(self) -> bool:
+        """Whether a request sent by reference is still unsettled (and in need of the watcher).
+        Called with the lock held."""
+        outstanding = self._ledger.outstanding
+        referring = self._referring
+        for sequence in list(referring):
+            entry = outstanding.get(sequence)
+            if entry is None or entry.request is None:
+                referring.discard(sequence)
+        return bool(referring)
 
     def _send_frames(
         self, entry: Outstanding, wait: float | None, timeout: float | None
@@ -406,14 +529,23 @@ class RequestSender(_Endpoint):
         copy_below = socket.copy_threshold
         last = len(frames) - 1
         trackers: list[zmq.MessageTracker] = []
+        nbytes = _ENVELOPE_BYTES
         for index, frame in enumerate(frames):
             flags = zmq.SNDMORE if index < last else 0
-            if len(frame) < copy_below:
+            size = len(frame)
+            nbytes += size
+            if size < copy_below:
                 socket.send(frame, flags)
             elif index == 0:
                 socket.send(frame, flags, copy=False)
             else:
                 trackers.append(socket.send(frame, flags, copy=False, track=True))
+        counts = self._counts
+        counts.messages += 1
+        counts.frames += len(frames) + 1
+        counts.bytes += nbytes
+        counts.items_by_reference += entry.references
+        counts.items_in_full += entry.features - entry.references
         if not trackers:
             return _DONE
         tracker = trackers[0] if len(trackers) == 1 else zmq.MessageTracker(*trackers)
@@ -432,8 +564,23 @@ class RequestSender(_Endpoint):
             if reply is None:
                 logger.warning("mmproc sender %s ignored a message that is no reply", self._address)
                 continue
-            acknowledged, session, sequence, reason = reply
-            ledger.settle(session, sequence, acknowledged, reason)
+            entry = ledger.entry_for(reply)
+            if entry is None:
+                continue  # for a request settled already (a copy's answer)
+            if reply.kind is MISSING:
+                # A wrong guess of what the receiver holds. Answers to earlier copies of one
+                # sent in full since then are left for the full one's own answer.
+                if entry.request is not None:
+                    self._send_in_full(entry, reply.reason)
+                continue
+            ledger.settle(entry, reply.kind is ACK, reply.reason)
+            entry.request = None
+            held = self._held
+            if reply.held and held is not None and entry.keys is not None:
+                sizes = entry.sizes or ()
+                for position, key in enumerate(entry.keys):
+                    if key is not None and reply.holds(position):
+                        held.mark(key, sizes[position])
         now = time.monotonic()
         for entry in ledger.overdue(now):
             ledger.resending(entry, now)
@@ -441,6 +588,29 @@ class RequestSender(_Endpoint):
                 self._write(entry, zmq.NOBLOCK)
             except zmq.Again:
                 pass  # no engine connected now: this attempt is spent all the same
+
+    def _send_in_full(self, entry: Outstanding, reason: str) -> None:
+        """Send ``entry`` again at once, every item in full: the receiver lacks one it referred
+        to. Called with the lock held."""
+        request = entry.request
+        assert request is not None and self._held is not None
+        entry.request, entry.references = None, 0
+        # The answer to this send says again which of them the receiver holds.
+        self._held.forget(entry.keys or ())
+        logger.debug(
+            "mmproc sender %s sends %r again in full: %s", self._address, entry.request_id, reason
+        )
+        try:
+            entry.frames = encode_request_refs(request, self._threshold, None)
+        except EncodeError as exc:  # it encoded before: only a request changed since gets here
+            self._ledger.settle(entry, False, f"cannot send the request again in full: {exc}")
+            return
+        self._counts.resent_in_full += 1
+        self._ledger.resending(entry, time.monotonic())
+        try:
+            self._write(entry, zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # no engine connected now: the next re-send (after ack_timeout) goes in full
 
     def _await_replies(self, seconds: float) -> None:
         """Wait up to ``seconds`` for a reply (or an overdue request), then service. Called with
@@ -494,6 +664,100 @@ class RequestSender(_Endpoint):
             self._shutdown(self._linger)
             self._pending.clear()
             self._ledger.outstanding.clear()
+            if self._held is not None:
+                self._held.clear()
+            self._referring.clear()
+            self._watching.set()  # the watcher, if any, sees the sender closed and ends
+
+
+# How long the watcher waits for the socket's notification before it looks anyway: another
+# thread's send can take the notification of a reply that it does not read.
+_WATCH_SLICE: Final = 0.01
+
+
+def _watch_replies(sender_ref: weakref.ReferenceType[RequestSender]) -> None:
+    """A sender's background reader of replies, while requests it sent by reference are
+    unsettled (`RequestSender._watch`). It holds the sender only weakly, and the lock only to
+    read what has arrived; between reads it waits on the socket's file descriptor, which ZMQ
+    makes readable when something may have arrived."""
+    descriptor: int | None = None
+    while True:
+        sender = sender_ref()
+        if sender is None or sender.closed:
+            return
+        wake = sender._watching
+        del sender  # not kept alive by its own watcher
+        if not wake.wait(1.0):
+            continue
+        sender = sender_ref()
+        if sender is None:
+            return
+        with sender._lock:
+            if sender._closed:
+                return
+            try:
+                if descriptor is None:
+                    descriptor = int(sender._socket.getsockopt(zmq.FD))
+                sender._service()
+            except Exception:
+                # The sender's own calls still read replies; only the promptness is lost.
+                logger.exception("mmproc sender %s stopped reading replies", sender.address)
+                return
+            idle = not sender._still_referring()
+            if idle:
+                wake.clear()  # under the lock: a send by reference sets it again under it
+        del sender
+        if not idle:
+            try:
+                select.select([descriptor], [], [], _WATCH_SLICE)
+            except (OSError, ValueError):
+                pass  # the socket was closed meanwhile: the next turn sees it
+
+
+# The delivery envelope in front of every message (`mmproc.wire.delivery`), counted in the stats.
+_ENVELOPE_BYTES: Final = 40
+
+
+@dataclass(slots=True)
+class _Counts:
+    """Counters both ends keep (`SenderStats` and `ReceiverStats` say what each counts)."""
+
+    messages: int = 0
+    frames: int = 0
+    bytes: int = 0
+    items_in_full: int = 0
+    items_by_reference: int = 0
+
+
+@dataclass(slots=True)
+class _SenderCounts(_Counts):
+    """A sender's counters besides its ledger's."""
+
+    requests: int = 0
+    resent_in_full: int = 0
+
+
+@dataclass(slots=True)
+class _ReceiverCounts(_Counts):
+    """A receiver's counters besides its attributes."""
+
+    missing_items: int = 0
+
+
+def _item_keys(request: EngineRequest) -> tuple[list[bytes | None] | None, list[int]]:
+    """Per feature, its item key (None for an item too small to go by reference) and its
+    tensor bytes; keys None when no item can go by reference."""
+    sizes = [item_nbytes(feature) for feature in request.features]
+    if max(sizes) < MIN_ITEM_BYTES:
+        return None, sizes
+    try:
+        keys = [
+            item_key(feature) if size >= MIN_ITEM_BYTES else None
+            for feature, size in zip(request.features, sizes, strict=True)
+        ]
+    except ValueError:
+        return None, sizes  # a norm that cannot be packed: the encoder says what is wrong
+    return keys, sizes
 
 
 class RequestReceiver(_Endpoint):
@@ -513,6 +777,14 @@ class RequestReceiver(_Endpoint):
     a copy of a request already handed out is counted in `duplicates` and skipped; a request
     from a new sender while every sender record is still needed is counted in `turned_away`,
     logged, and left unanswered (its sender sends it again).
+
+    ``item_cache_bytes`` (default `mmproc.wire.items.DEFAULT_ITEM_CACHE_BYTES`, 1 GiB) bounds the
+    tensor bytes of the items the receiver keeps from the requests it hands out (least recently
+    used first out; an item larger than the bound is not kept), shared by all its senders: a
+    sender refers to a kept item instead of sending it again, and the receiver fills the
+    reference in before handing the request out, so the engine always gets whole requests. A
+    request referring to an item not kept is answered as missing items (`stats`), and its sender
+    sends it again in full. 0 keeps nothing.
     """
 
     def __init__(
@@ -525,6 +797,7 @@ class RequestReceiver(_Endpoint):
         recv_hwm: int = DEFAULT_HWM,
         poll_interval: float = 0.1,
         auto_ack: bool = True,
+        item_cache_bytes: int = DEFAULT_ITEM_CACHE_BYTES,
     ) -> None:
         _check_hwm("recv_hwm", recv_hwm)
         if poll_interval <= 0:
@@ -539,8 +812,11 @@ class RequestReceiver(_Endpoint):
         self._stop = threading.Event()
         self._auto_ack = bool(auto_ack)
         self._ledger = ReceiverLedger()
-        # Deliveries awaiting the engine's ack (auto_ack=False), by request (compared by identity).
-        self._unacked: dict[EngineRequest, tuple[bytes, Envelope]] = {}
+        self._items = ItemCache(check_cache_bytes("RequestReceiver", item_cache_bytes))
+        # Deliveries awaiting the engine's ack (auto_ack=False), by request (compared by
+        # identity), with their items' keys (to say which are held when it comes).
+        self._unacked: dict[EngineRequest, tuple[bytes, Envelope, list[bytes | None]]] = {}
+        self._counts = _ReceiverCounts()
         self.received = 0
         """Requests decoded and handed out."""
         self.bad_messages = 0
@@ -579,6 +855,27 @@ class RequestReceiver(_Endpoint):
         """Whether requests are acknowledged as they are handed out."""
         return self._auto_ack
 
+    @property
+    def item_cache_bytes(self) -> int:
+        """The bound on the tensor bytes of the items kept (0: none is kept)."""
+        return self._items.max_bytes
+
+    @property
+    def stats(self) -> ReceiverStats:
+        """What this receiver has received so far and what it did with it (a snapshot; may be
+        taken from another thread, e.g. for ``/metrics``, with counters a message apart)."""
+        items = self._items
+        return ReceiverStats(
+            **asdict(self._counts),
+            received=self.received,
+            bad_messages=self.bad_messages,
+            duplicates=self.duplicates,
+            turned_away=self.turned_away,
+            items_cached=len(items),
+            cached_bytes=items.nbytes,
+            evictions=items.evictions,
+        )
+
     def recv(self, timeout: float | None = None) -> EngineRequest | None:
         """The next well-formed request, or None when ``timeout`` (seconds) passes without one
         (None: wait as long as it takes). Bad messages and duplicates met meanwhile are counted
@@ -613,9 +910,14 @@ class RequestReceiver(_Endpoint):
             # copied, cheaper than frames.
             peer = socket.recv()
             envelope = None
+            counts = self._counts
+            counts.messages += 1
             more = bool(socket.getsockopt(zmq.RCVMORE))
             if more:
-                envelope = Envelope.unpack(socket.recv())
+                head = socket.recv()
+                counts.frames += 1
+                counts.bytes += len(head)
+                envelope = Envelope.unpack(head)
                 more = bool(socket.getsockopt(zmq.RCVMORE))
             if envelope is None:
                 self._drain(more)
@@ -643,18 +945,46 @@ class RequestReceiver(_Endpoint):
                 if not more:
                     raise DecodeError("message has a delivery envelope but no request frames")
                 frames = self._rest_of_message(socket.recv(copy=False))
-                request = decode_request(frames, limits=self._limits)
+                request, keys = decode_request_keys(frames, self._limits, self._items)
+            except MissingItemsError as exc:
+                # Not malformed: the sender's guess of what is kept here was wrong (or this is
+                # another receiver, or a new process); it sends the request again in full.
+                counts.missing_items += 1
+                logger.debug("mmproc receiver %s: %s", self._address, exc)
+                self._reply(peer, pack_missing(envelope.session, envelope.sequence, str(exc)))
+                continue
             except DecodeError as exc:
                 self._reply(peer, pack_refusal(envelope.session, envelope.sequence, str(exc)))
                 self._reject(exc)
                 continue
+            held = self._keep(request, keys)
             ledger.delivered(envelope, self._auto_ack, now)
             if self._auto_ack:
-                self._reply(peer, pack_ack(envelope.session, envelope.sequence))
+                self._reply(peer, pack_ack(envelope.session, envelope.sequence, held))
             else:
-                self._unacked[request] = (peer, envelope)
+                self._unacked[request] = (peer, envelope, keys)
             self.received += 1
             return request, envelope
+
+    def _keep(self, request: EngineRequest, keys: list[bytes | None]) -> list[bool]:
+        """Keep the items ``request`` brought in full; per feature, whether its item is kept
+        now. ``keys`` has the keys of those that came by reference, and gets the others'."""
+        counts = self._counts
+        features = request.features
+        references = len(keys) - keys.count(None)
+        counts.items_by_reference += references
+        counts.items_in_full += len(features) - references
+        items = self._items
+        if not features or not items.max_bytes:
+            return []
+        for position, feature in enumerate(features):
+            if keys[position] is None:
+                size = item_nbytes(feature)
+                if size >= MIN_ITEM_BYTES:
+                    key = keys[position] = item_key(feature)
+                    items.keep(key, feature, size)
+        # After every item is stored: one stored late may have pushed out one filled in earlier.
+        return [key is not None and key in items for key in keys]
 
     def ack(self, request: EngineRequest | Delivery) -> None:
         """Acknowledge a request handed out by a receiver with ``auto_ack=False``: the engine has
@@ -664,9 +994,11 @@ class RequestReceiver(_Endpoint):
         entry = self._unacked.pop(request, None)
         if entry is None or self._closed:
             return
-        peer, envelope = entry
+        peer, envelope, keys = entry
         self._ledger.acknowledged(envelope)
-        self._reply(peer, pack_ack(envelope.session, envelope.sequence))
+        items = self._items
+        held = [key is not None and key in items for key in keys]
+        self._reply(peer, pack_ack(envelope.session, envelope.sequence, held))
 
     def _reply(self, peer: bytes, payload: bytes) -> None:
         try:
@@ -679,8 +1011,12 @@ class RequestReceiver(_Endpoint):
             logger.debug("mmproc receiver %s could not reply: %s", self._address, exc)
 
     def _drain(self, more: bool) -> None:
+        counts = self._counts
         while more:
-            more = self._socket.recv(copy=False).more
+            frame = self._socket.recv(copy=False)
+            counts.frames += 1
+            counts.bytes += len(frame)
+            more = frame.more
 
     def _rest_of_message(self, first: zmq.Frame) -> Sequence[zmq.Frame]:
         """Collect the parts of one multipart message, dropping (but draining) one over the
@@ -690,10 +1026,15 @@ class RequestReceiver(_Endpoint):
         total = len(first)
         fault: str | None = None
         more = first.more  # set by recv(copy=False): cheaper than asking the socket
+        counts = self._counts
+        counts.frames += 1
+        counts.bytes += total
         while more:
             # The rest of a multipart message is already here: ZMQ delivers it atomically.
             frame = self._socket.recv(copy=False)
             more = frame.more
+            counts.frames += 1
+            counts.bytes += len(frame)
             if fault is not None:
                 continue
             frames.append(frame)
@@ -756,4 +1097,5 @@ class RequestReceiver(_Endpoint):
             return
         self._stop.set()
         self._unacked.clear()
+        self._items.clear()
         self._shutdown(1.0)
