@@ -42,6 +42,13 @@ def folder_for(qwen_folder: Path) -> Callable[[str], Path]:
     return make
 
 
+@pytest.fixture
+def ipc_address(tmp_path: Path) -> str:
+    """An ``ipc://`` address of the test's own (ipc paths are limited to about 100 bytes;
+    pytest's ``tmp_path`` stays well under that)."""
+    return f"ipc://{tmp_path}/engine.sock"
+
+
 @pytest.fixture(scope="session")
 def serving() -> Callable[[Mapping[str, type]], Registry]:
     """``serving({architecture: ModelClass, ...})``: a registry (no entry points) whose one

@@ -351,6 +351,10 @@ def test_the_native_path_sends_the_request_to_the_engine_and_answers_without_ten
         [feature] = request.features
         assert feature.hash == answer["features"]["mm_hashes"]["image"][0]
         assert feature.data["pixel_values"].dtype == torch.uint8
+        metrics = native.client.get("/metrics").text
+        assert "mmproc_engine_acknowledged_total 1.0" in metrics
+        assert "mmproc_engine_items_in_full_total 1.0" in metrics
+        assert "mmproc_engine_unsettled 0.0" in metrics
 
 
 def test_a_request_the_engine_never_acknowledges_is_an_error_not_a_success(

@@ -41,11 +41,6 @@ from mmproc.wire.delivery import (
 WAIT = 10.0
 
 
-@pytest.fixture
-def ipc_address(tmp_path: Path) -> str:
-    return f"ipc://{tmp_path}/engine.sock"
-
-
 def make_request(request_id: str, tokens: int = 4) -> EngineRequest:
     pixels = torch.full((8, 12), len(request_id), dtype=torch.uint8)
     feature = WireFeature("image", 0, "h", 0, 2, None, {"pixel_values": pixels})

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import msgpack
 import pytest
@@ -36,11 +35,6 @@ NORM = {"mean": [0.48, 0.46, 0.41], "std": [0.27, 0.26, 0.28], "rescale": 1 / 25
 # 64 Qwen2-VL patches of 1176 uint8 values: 75,264 bytes, past pyzmq's copy threshold.
 PATCHES = (64, 1176)
 ITEM_BYTES = PATCHES[0] * PATCHES[1] + 3 * 8  # pixels and the int64 grid
-
-
-@pytest.fixture
-def ipc_address(tmp_path: Path) -> str:
-    return f"ipc://{tmp_path}/engine.sock"
 
 
 def pixels(seed: int, shape: tuple[int, ...] = PATCHES) -> torch.Tensor:

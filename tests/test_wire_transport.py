@@ -6,7 +6,6 @@ import gc
 import logging
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -35,12 +34,6 @@ WAIT = 10.0
 def address(buffer: Any) -> int:
     """Address of the first byte of a buffer (bytes, memoryview, zmq.Frame)."""
     return int(np.frombuffer(buffer, dtype=np.uint8).ctypes.data)
-
-
-@pytest.fixture
-def ipc_address(tmp_path: Path) -> str:
-    # ipc paths are limited to ~100 bytes; pytest's tmp_path stays well under that.
-    return f"ipc://{tmp_path}/engine.sock"
 
 
 @pytest.fixture

@@ -138,7 +138,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 0
     from mmproc.errors import MediaItemError
     from mmproc.factory import get_processor
-    from mmproc.wire import RequestSender, encode_request
+    from mmproc.wire import RequestSender
 
     with tempfile.TemporaryDirectory(prefix="mmproc-demo-") as tmp:
         folder, described = open_model(args.model, Path(tmp))
@@ -186,12 +186,15 @@ def run_demo(args: argparse.Namespace) -> int:
             with RequestSender(address) as sender:
                 for i, (out, _) in enumerate(processed):
                     request = out.to_engine_request(f"req-{i}", {"max_tokens": 64})
-                    # What leaves: the msgpack body plus the zero-copy tensor frames.
-                    wire_bytes[request.request_id] = sum(
-                        memoryview(frame).nbytes for frame in encode_request(request)
-                    )
+                    # What left: the msgpack body plus the tensor frames, or a reference for
+                    # an item the engine already holds.
+                    sent_before = sender.stats.bytes
                     sender.send(request)
-                sender.flush(timeout=30)
+                    wire_bytes[request.request_id] = sender.stats.bytes - sent_before
+                    # Acknowledged before the next is sent, so a repeated picture goes as a
+                    # reference to what the engine holds.
+                    sender.flush(timeout=30)
+                wire = sender.stats
             engine.join(60)
 
             print()
@@ -218,6 +221,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 f"{len(processed)} {modality} requests preprocessed in {total_s * 1e3:.0f} ms "
                 f"({len(processed) / total_s:.1f} req/s) on {processor.workers} worker(s), "
                 f"{processor.path} path; cache {stats.hits} hits / {stats.misses} misses; "
-                f"{shipped}; {len(results)}/{len(processed)} received and prepared by the engine"
+                f"{shipped}; {len(results)}/{len(processed)} received and prepared by the engine; "
+                f"items sent in full {wire.items_in_full}, by reference {wire.items_by_reference}"
             )
             return 0 if len(results) == len(processed) else 1

@@ -7,7 +7,10 @@
   items in vLLM's format; ``serialise``: the JSON; ``total``);
 * ``mmproc_requests_in_flight``;
 * ``mmproc_cache_hits_total``, ``mmproc_cache_misses_total``, ``mmproc_cache_entries`` and
-  ``mmproc_cache_bytes``: the processor-output cache (read from ``cache.stats()`` when scraped).
+  ``mmproc_cache_bytes``: the processor-output cache (read from ``cache.stats()`` when scraped);
+* with an engine, ``mmproc_engine_*``: the wire sender's counters (``RequestSender.stats``:
+  requests, messages, bytes, items in full and by reference, re-sends, acknowledged, refused,
+  given up) and gauges (unsettled requests, items the engine is taken to hold, their bytes).
 
 Each server has a registry of its own, so several in one process (tests) do not collide.
 """
@@ -48,6 +51,25 @@ class _CacheCollector:
         )
 
 
+# SenderStats fields that only go up; the others are gauges of the sender's state now.
+_SENDER_GAUGES = frozenset({"unsettled", "items_held", "held_bytes"})
+
+
+class _SenderCollector:
+    """The engine link's wire counters, read at scrape time."""
+
+    def __init__(self, sender: Any) -> None:
+        self._sender = sender
+
+    def collect(self) -> Iterator[Any]:
+        for name, value in self._sender.stats.as_dict().items():
+            documentation = f"Engine wire sender: {name.replace('_', ' ')}"
+            if name in _SENDER_GAUGES:
+                yield GaugeMetricFamily(f"mmproc_engine_{name}", documentation, value=value)
+            else:
+                yield CounterMetricFamily(f"mmproc_engine_{name}", documentation, value=value)
+
+
 class ServerMetrics:
     """One server's metrics, in a registry of its own."""
 
@@ -76,6 +98,10 @@ class ServerMetrics:
             "mmproc_requests_in_flight", "Requests being answered now", registry=self.registry
         )
         self.registry.register(_CacheCollector(processor))
+
+    def watch_engine(self, sender: Any) -> None:
+        """Export ``sender``'s counters (a `RequestSender`) with the server's."""
+        self.registry.register(_SenderCollector(sender))
 
     def observe(self, endpoint: str, stage: str, seconds: float) -> None:
         """Count ``seconds`` in ``stage`` of a request to ``endpoint``."""
