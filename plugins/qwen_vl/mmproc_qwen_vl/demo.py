@@ -120,6 +120,16 @@ _QWEN2_VL_PREPROCESSOR: dict[str, Any] = {
     "image_std": [0.26862954, 0.26130258, 0.27577711],
 }
 
+# The tokenizer_config.json entries of the hub's Qwen-VL folders beside the tokens.
+_QWEN_TOKENIZER_CONFIG: dict[str, Any] = {
+    "tokenizer_class": "Qwen2Tokenizer",
+    "errors": "replace",
+    "split_special_tokens": False,
+    "bos_token": None,
+    "unk_token": None,
+    "add_prefix_space": False,
+}
+
 _QWEN_VARIANTS: dict[str, dict[str, str]] = {
     "qwen2_vl": {
         "architecture": "Qwen2VLForConditionalGeneration",
@@ -217,14 +227,7 @@ def write_qwen2_vl_folder(
         chat_template=QWEN2_VL_CHAT_TEMPLATE,
         chat_template_file=chat_template_file,
         extra_config=extra_config,
-        tokenizer_config={
-            "tokenizer_class": "Qwen2Tokenizer",
-            "errors": "replace",
-            "split_special_tokens": False,
-            "bos_token": None,
-            "unk_token": None,
-            "add_prefix_space": False,
-        },
+        tokenizer_config=_QWEN_TOKENIZER_CONFIG,
     )
 
 
@@ -468,17 +471,22 @@ QWEN3_5_CHAT_TEMPLATE = """\
 {%- endif %}
 """
 
-# The image settings of the hub's Qwen3-VL and Qwen3.5 preprocessor_config.json: 16-pixel
-# patches, 65536 to 16777216 pixels per image (256 x 256 to 4096 x 4096), mean and std 0.5. The
-# resampling filter is not in the file: the class default, bicubic.
-_QWEN3_IMAGE_PREPROCESSOR: dict[str, Any] = {
-    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+# The patches of the hub's Qwen3-VL and Qwen3.5 image and video processors: 16-pixel patches, two
+# frames each, 2 x 2 merged, mean and std 0.5. The resampling filter is in neither file: the
+# classes' default, bicubic.
+_QWEN3_PATCHES: dict[str, Any] = {
     "patch_size": 16,
     "temporal_patch_size": 2,
     "merge_size": 2,
     "image_mean": [0.5, 0.5, 0.5],
     "image_std": [0.5, 0.5, 0.5],
     "processor_class": "Qwen3VLProcessor",
+}
+
+# Their preprocessor_config.json: 65536 to 16777216 pixels per image (256 x 256 to 4096 x 4096).
+_QWEN3_IMAGE_PREPROCESSOR: dict[str, Any] = {
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    **_QWEN3_PATCHES,
     "image_processor_type": "Qwen2VLImageProcessorFast",
 }
 
@@ -486,12 +494,7 @@ _QWEN3_IMAGE_PREPROCESSOR: dict[str, Any] = {
 # (4096 to 25165824); the sampling (2 fps, 4 to 768 frames) is the class default.
 _QWEN3_VIDEO_PREPROCESSOR: dict[str, Any] = {
     "size": {"longest_edge": 25165824, "shortest_edge": 4096},
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "processor_class": "Qwen3VLProcessor",
+    **_QWEN3_PATCHES,
     "video_processor_type": "Qwen3VLVideoProcessor",
 }
 
@@ -580,15 +583,8 @@ def write_qwen3_vl_folder(
         chat_template=QWEN3_5_CHAT_TEMPLATE if qwen3_5 else QWEN3_VL_CHAT_TEMPLATE,
         chat_template_file="jinja" if qwen3_5 else "json",
         extra_config=extra_config,
-        tokenizer_config={
-            "tokenizer_class": "Qwen2Tokenizer",
-            "errors": "replace",
-            "split_special_tokens": False,
-            "bos_token": None,
-            "unk_token": None,
-            "add_prefix_space": False,
-            "model_max_length": 262144,
-        },
+        # Qwen3.5's hub folders name Qwen2Tokenizer too (transformers loads Qwen3_5Tokenizer).
+        tokenizer_config={**_QWEN_TOKENIZER_CONFIG, "model_max_length": 262144},
     )
 
 

@@ -56,8 +56,7 @@ class TestQwen3VLImagesTorchvision(Qwen3Images):
     model = "demo:qwen3-vl"
 
 
-class TestQwen3VLImagesPil(Qwen3Images):
-    model = "demo:qwen3-vl"
+class TestQwen3VLImagesPil(TestQwen3VLImagesTorchvision):
     processor_options: ClassVar[dict[str, str]] = {"backend": "pil"}
 
 
@@ -69,8 +68,7 @@ class TestQwen3VLMoeImagesTorchvision(Qwen3Images):
     model = "demo:qwen3-vl-moe"
 
 
-class TestQwen3VLMoeImagesPil(Qwen3Images):
-    model = "demo:qwen3-vl-moe"
+class TestQwen3VLMoeImagesPil(TestQwen3VLMoeImagesTorchvision):
     processor_options: ClassVar[dict[str, str]] = {"backend": "pil"}
 
 
@@ -82,8 +80,7 @@ class TestQwen35ImagesTorchvision(Qwen3Images):
     model = "demo:qwen3.5"
 
 
-class TestQwen35ImagesPil(Qwen3Images):
-    model = "demo:qwen3.5"
+class TestQwen35ImagesPil(TestQwen35ImagesTorchvision):
     processor_options: ClassVar[dict[str, str]] = {"backend": "pil"}
 
 
@@ -95,8 +92,7 @@ class TestQwen35MoeImagesTorchvision(Qwen3Images):
     model = "demo:qwen3.5-moe"
 
 
-class TestQwen35MoeImagesPil(Qwen3Images):
-    model = "demo:qwen3.5-moe"
+class TestQwen35MoeImagesPil(TestQwen35MoeImagesTorchvision):
     processor_options: ClassVar[dict[str, str]] = {"backend": "pil"}
 
 
