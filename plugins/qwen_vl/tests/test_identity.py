@@ -1,15 +1,19 @@
-"""mmproc's Qwen2-VL / Qwen2.5-VL output equals calling the transformers processor directly.
+"""mmproc's Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5 output equals calling the transformers
+processor directly.
 
 The folders are written by ``mmproc.testing`` with the models' real special tokens and hub
-preprocessor settings (patch 14, merge 2, temporal patch 2, min_pixels 3136, max_pixels 12845056,
-CLIP mean / std, bicubic). The reference is a transformers processor built independently of the
-plugin: ``AutoProcessor`` on the same folder with the chosen backend's image processor class,
+preprocessor settings (Qwen2-VL: patch 14, merge 2, temporal patch 2, min_pixels 3136,
+max_pixels 12845056, CLIP mean / std, bicubic; Qwen3-VL and Qwen3.5: patch 16, 65536 to
+16777216 pixels, mean / std 0.5). The reference is a transformers processor built independently
+of the plugin: ``AutoProcessor`` on the same folder with the chosen backend's image processor class,
 called with ``text=[prompt], images=..., videos=..., return_tensors="pt"``. What must match:
 prompt ids, per-item tensors (concatenated in item order), grids, and placeholder ranges (the runs
 of pad tokens in transformers' ids). With device normalisation on (the default) mmproc's pixels
 are uint8 and ``FusedInputNorm`` of them must come within 1e-6 of transformers' float pixels;
 with it off they must be equal. The matrix shared with other image models is the kit's
-(``mmproc.testing.identity.ImageIdentityMatrix``); the Qwen-specific tests follow it.
+(``mmproc.testing.identity.ImageIdentityMatrix``); :class:`QwenIdentity` adds what every Qwen
+family checks (the native uint8 paths, token counts), and each family's class its own. Qwen3's
+videos, with their timestamps, are tested in ``test_qwen3_video.py``.
 """
 
 from __future__ import annotations
@@ -23,17 +27,19 @@ import mmproc
 import numpy as np
 import pytest
 import torch
-from mmproc.plugin import BatchedField, FieldSpec, FlatField
+from mmproc.plugin import BatchedField, ChannelLayout, FieldSpec, FlatField
 from mmproc.testing import call_hf_processor, noise_image, noise_video
 from mmproc.testing.identity import BACKENDS, GRID_FIELDS, ImageIdentityMatrix
 from mmproc_qwen_vl import shared as qwen_shared
-from mmproc_qwen_vl.demo import write_qwen2_vl_folder
+from mmproc_qwen_vl.demo import QWEN3_VARIANTS, write_qwen2_vl_folder, write_qwen3_vl_folder
 from mmproc_qwen_vl.image_fast_path import ImageSizeError
 from mmproc_qwen_vl.model import num_image_tokens
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
@@ -49,7 +55,9 @@ def write_reference_copy(folder: Path, destination: Path) -> Path:
     return destination
 
 
-class TestQwen2VLIdentity(ImageIdentityMatrix):
+class QwenIdentity(ImageIdentityMatrix):
+    """The identity matrix of a Qwen family: the kit's, the native uint8 paths, token counts."""
+
     image = IMAGE
     placeholder_tokens: ClassVar[dict[str, str]] = {
         "image": "<|image_pad|>",
@@ -66,37 +74,14 @@ class TestQwen2VLIdentity(ImageIdentityMatrix):
         "video_grid_thw": BatchedField("video"),
         "second_per_grid_ts": BatchedField("video"),  # Qwen2.5-VL
     }
-    # The real Qwen2-VL hub settings the folders carry; the processors must load exactly these.
-    settings: ClassVar[dict[str, Any]] = {
-        "patch_size": 14,
-        "merge_size": 2,
-        "temporal_patch_size": 2,
-        "min_pixels": 3136,
-        "max_pixels": 12845056,
-        "image_mean": (0.48145466, 0.4578275, 0.40821073),
-        "image_std": (0.26862954, 0.26130258, 0.27577711),
-        "resample": int(Image.Resampling.BICUBIC),
-    }
-    settings_components = ("image_processor", "video_processor")
     tokenizer_text = f"<|im_start|>user\n{IMAGE}describe the picture, please<|im_end|>"
     single_tokens = ("<|vision_start|>", "<|image_pad|>", "<|video_pad|>", "<|vision_end|>")
     # (width, height): tiny, thin, extreme (200:1 both ways, the largest ratio accepted), odd.
     sizes = (*ImageIdentityMatrix.sizes, (3, 600), (333, 77))
-    write_folder = staticmethod(write_qwen2_vl_folder)
 
     def check_large_image(self, processor: mmproc.Processor, out: Any, hf: Any) -> None:
         length = out.features[0].placeholder.length
         assert num_image_tokens(processor.hf_processor, 3000, 4000) == length
-
-    def check_loaded_processor(self, hf_processor: Any) -> None:
-        assert isinstance(hf_processor.video_processor, Qwen2VLVideoProcessor)
-
-    def layout_request(self) -> tuple[list[dict[str, Any]], dict[str, list[Any]]]:
-        image, video = noise_image(70, 35, "LA", seed=9000), noise_video(2, 40, 30, seed=9001)
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "video"}]}]
-        return messages, {"image": [image], "video": [video]}
-
-    # --- Qwen's own -----------------------------------------------------------------------------
 
     def test_pil_fast_path_is_taken_and_bit_identical(
         self, processors, references, monkeypatch: pytest.MonkeyPatch
@@ -152,6 +137,30 @@ class TestQwen2VLIdentity(ImageIdentityMatrix):
             assert num_image_tokens(hf_processor.image_processor, height, width) == length
         with pytest.raises(ImageSizeError, match="aspect ratio"):
             num_image_tokens(hf_processor, 1, 201)
+
+
+class TestQwen2VLIdentity(QwenIdentity):
+    # The real Qwen2-VL hub settings the folders carry; the processors must load exactly these.
+    settings: ClassVar[dict[str, Any]] = {
+        "patch_size": 14,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "min_pixels": 3136,
+        "max_pixels": 12845056,
+        "image_mean": (0.48145466, 0.4578275, 0.40821073),
+        "image_std": (0.26862954, 0.26130258, 0.27577711),
+        "resample": int(Image.Resampling.BICUBIC),
+    }
+    settings_components = ("image_processor", "video_processor")
+    write_folder = staticmethod(write_qwen2_vl_folder)
+
+    def check_loaded_processor(self, hf_processor: Any) -> None:
+        assert isinstance(hf_processor.video_processor, Qwen2VLVideoProcessor)
+
+    def layout_request(self) -> tuple[list[dict[str, Any]], dict[str, list[Any]]]:
+        image, video = noise_image(70, 35, "LA", seed=9000), noise_video(2, 40, 30, seed=9001)
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "video"}]}]
+        return messages, {"image": [image], "video": [video]}
 
     def test_video_matches_hf(self, combo) -> None:
         processor, reference, norm = combo
@@ -213,3 +222,89 @@ class TestQwen2VLIdentity(ImageIdentityMatrix):
             self.assert_identical(
                 out, hf, reference.tokenizer, normalised=norm, context=f"norm={norm}"
             )
+
+
+# --- Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE -------------------------------------------------
+
+
+class Qwen3Identity(QwenIdentity):
+    """Qwen3-VL's and Qwen3.5's images: Qwen2-VL's image processor with 16-pixel patches."""
+
+    # The real Qwen3-VL / Qwen3.5 hub image settings the folders carry.
+    settings: ClassVar[dict[str, Any]] = {
+        "patch_size": 16,
+        "merge_size": 2,
+        "temporal_patch_size": 2,
+        "min_pixels": 65536,
+        "max_pixels": 16777216,
+        "image_mean": (0.5, 0.5, 0.5),
+        "image_std": (0.5, 0.5, 0.5),
+        "resample": int(Image.Resampling.BICUBIC),
+    }
+    variant: ClassVar[str]
+
+    @classmethod
+    def write_folder(cls, path: Path, layout: str = "hub") -> Path:  # type: ignore[override]
+        return write_qwen3_vl_folder(path, variant=cls.variant, layout=layout)  # type: ignore[arg-type]
+
+    def check_loaded_processor(self, hf_processor: Any) -> None:
+        assert type(hf_processor) is Qwen3VLProcessor
+        video = hf_processor.video_processor
+        assert isinstance(video, Qwen3VLVideoProcessor)
+        assert (video.patch_size, video.merge_size, video.temporal_patch_size) == (16, 2, 2)
+        assert (video.size["shortest_edge"], video.size["longest_edge"]) == (4096, 25165824)
+        assert (video.fps, video.min_frames, video.max_frames) == (2, 4, 768)
+        assert tuple(video.image_mean) == tuple(video.image_std) == (0.5, 0.5, 0.5)
+        tokenizer = "Qwen3_5Tokenizer" if self.variant.startswith("qwen3_5") else "Qwen2Tokenizer"
+        assert type(hf_processor.tokenizer).__name__ == tokenizer
+
+    def test_the_patch_layout_is_16_pixel_patches_of_two_frames(self, processors) -> None:
+        spec = processors[("pil", True)].norm_spec
+        assert spec.layout == ChannelLayout.flat_patches(16, 2)
+        assert spec.mean == spec.std == (0.5, 0.5, 0.5)
+        assert set(spec.pixel_keys) == {"pixel_values", "pixel_values_videos"}
+
+    def test_the_torchvision_uint8_path_is_taken_and_bit_identical(
+        self, processors, references, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        calls: list[int] = []
+        original = qwen_shared.patchify_uint8_torch
+        monkeypatch.setattr(
+            qwen_shared,
+            "patchify_uint8_torch",
+            lambda images, **settings: calls.append(len(images)) or original(images, **settings),
+        )
+        images = [noise_image(w, h, seed=6200 + w) for w, h in [(31, 517), (640, 480), (2, 3)]]
+        prompt = IMAGE * len(images)
+        out = processors[("torchvision", True)].process(prompt, {"image": images})
+        assert calls == [3]
+        raw = call_hf_processor(
+            references["torchvision"],
+            prompt,
+            {"image": images},
+            do_rescale=False,
+            do_normalize=False,
+        )
+        pixels = torch.cat([f.data["pixel_values"] for f in out.features])
+        assert pixels.dtype == torch.uint8 and torch.equal(pixels, raw["pixel_values"])
+
+
+class TestQwen3VLIdentity(Qwen3Identity):
+    variant = "qwen3_vl"
+
+
+class TestQwen3VLMoeIdentity(Qwen3Identity):
+    variant = "qwen3_vl_moe"
+
+
+class TestQwen35Identity(Qwen3Identity):
+    variant = "qwen3_5"
+
+
+class TestQwen35MoeIdentity(Qwen3Identity):
+    variant = "qwen3_5_moe"
+
+
+def test_every_qwen3_variant_has_an_identity_class() -> None:
+    tested = {cls.variant for cls in Qwen3Identity.__subclasses__()}
+    assert tested == set(QWEN3_VARIANTS)
