@@ -189,6 +189,56 @@ def test_a_string_template_gets_each_placeholder_where_its_part_was(processor) -
     assert [f.item_index for f in out.features] == [0, 1]
 
 
+_PARTS_LOOP = "{% for part in PARTS %}{{ part['text'] }}{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", "string"),
+        (
+            "{% for m in messages %}" + _PARTS_LOOP.replace("PARTS", "m.content") + "{% endfor %}",
+            "openai",
+        ),
+        (
+            "{% for m in messages %}{% set c = m['content'] %}"
+            + _PARTS_LOOP.replace("PARTS", "c")
+            + "{% endfor %}",
+            "openai",
+        ),
+        # Qwen3.5's shape: the parts are walked inside a macro the content is passed to.
+        (
+            "{% macro render(content) %}{% if content is string %}{{ content }}{% else %}"
+            + _PARTS_LOOP.replace("PARTS", "content")
+            + "{% endif %}{% endmacro %}"
+            "{% for m in messages %}{{ render(m.content) }}{% endfor %}",
+            "openai",
+        ),
+        # Handed on from one macro to another, by keyword.
+        (
+            "{% macro inner(items) %}" + _PARTS_LOOP.replace("PARTS", "items") + "{% endmacro %}"
+            "{% macro outer(x) %}{{ inner(items=x) }}{% endmacro %}"
+            "{% for m in messages %}{{ outer(m['content']) }}{% endfor %}",
+            "openai",
+        ),
+        # A macro that loops over something else it is given is no sign.
+        (
+            "{% macro render(content, tools) %}{{ content }}"
+            + _PARTS_LOOP.replace("PARTS", "tools")
+            + "{% endmacro %}"
+            "{% for m in messages %}{{ render(m.content, tools) }}{% endfor %}",
+            "string",
+        ),
+    ],
+)
+def test_a_template_walks_content_parts_directly_through_variables_or_through_macros(
+    template: str, expected: str
+) -> None:
+    from mmproc.chat.template import content_format
+
+    assert content_format(template) == expected
+
+
 # --- text a user typed is text ------------------------------------------------------------------
 
 

@@ -81,8 +81,9 @@ def find_chat_template(
 
 @functools.lru_cache(maxsize=64)
 def content_format(template: str) -> ContentFormat:
-    """``"openai"`` when the template iterates over a message's ``content`` (directly, or
-    through a variable set from it), else ``"string"``.
+    """``"openai"`` when the template iterates over a message's ``content``: directly, through a
+    variable set from it, or through a macro's parameter it is passed as (as in
+    ``render_content(message.content)``); else ``"string"``.
 
     Raises:
         ChatTemplateError: the template is not valid jinja.
@@ -91,15 +92,36 @@ def content_format(template: str) -> ContentFormat:
         tree = jinja2.Environment().parse(template)
     except jinja2.TemplateSyntaxError as exc:
         raise ChatTemplateError(f"the chat template is not valid jinja: {exc}") from exc
-    content_vars = {
-        node.target.name
-        for node in tree.find_all(jinja2.nodes.Assign)
-        if isinstance(node.target, jinja2.nodes.Name) and _is_content(node.node, set())
-    }
+    content_vars = _content_names(tree)
     for loop in tree.find_all(jinja2.nodes.For):
         if _is_content(loop.iter, content_vars):
             return "openai"
     return "string"
+
+
+def _content_names(tree: jinja2.nodes.Template) -> set[str]:
+    """Names that hold a message's content: variables set from it, and macro parameters some
+    call passes it to (to a fixed point, for macros that hand it on to other macros)."""
+    macros = {macro.name: macro for macro in tree.find_all(jinja2.nodes.Macro)}
+    calls = [
+        (call, [arg.name for arg in macros[call.node.name].args])
+        for call in tree.find_all(jinja2.nodes.Call)
+        if isinstance(call.node, jinja2.nodes.Name) and call.node.name in macros
+    ]
+    names: set[str] = set()
+    while True:
+        found = {
+            node.target.name
+            for node in tree.find_all(jinja2.nodes.Assign)
+            if isinstance(node.target, jinja2.nodes.Name) and _is_content(node.node, names)
+        }
+        for call, parameters in calls:
+            passed = list(zip(parameters, call.args, strict=False))
+            passed += [(keyword.key, keyword.value) for keyword in call.kwargs]
+            found.update(name for name, value in passed if _is_content(value, names))
+        if found <= names:
+            return names
+        names |= found
 
 
 def _is_content(node: jinja2.nodes.Node, content_vars: set[str]) -> bool:

@@ -23,21 +23,6 @@ from mmproc.testing.identity import GRID_FIELDS
 from mmproc.testing.samples import encode_video, numbered_frames
 from mmproc_qwen_vl.demo import QWEN3_VARIANTS
 
-# Qwen3.5's chat template walks content parts in a macro, which the core does not see yet.
-CORE_MISREADS_QWEN3_5 = pytest.mark.xfail(
-    strict=True,
-    reason="mmproc.chat.template.content_format does not follow message content into the "
-    "template's render_content macro, so it renders Qwen3.5's parts as strings",
-)
-
-
-def family(variants: tuple[str, ...]) -> list[Any]:
-    """``variants`` as parameters, Qwen3.5's marked :data:`CORE_MISREADS_QWEN3_5`."""
-    return [
-        pytest.param(v, marks=CORE_MISREADS_QWEN3_5) if v.startswith("qwen3_5") else v
-        for v in variants
-    ]
-
 
 def image_url(seed: int, size: tuple[int, int]) -> str:
     buffer = io.BytesIO()
@@ -103,7 +88,7 @@ def assert_chat_like_transformers(processor: Any, reference: Any, **kwargs: Any)
     return out
 
 
-@pytest.mark.parametrize("variant", family(tuple(QWEN3_VARIANTS)))
+@pytest.mark.parametrize("variant", tuple(QWEN3_VARIANTS))
 def test_a_chat_gives_what_transformers_chat_template_gives(
     variant: str, qwen3_processor: Any, qwen3_reference: Any
 ) -> None:
@@ -118,7 +103,7 @@ def test_a_chat_gives_what_transformers_chat_template_gives(
         assert text.endswith("<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("variant", family(("qwen3_5", "qwen3_5_moe")))
+@pytest.mark.parametrize("variant", ("qwen3_5", "qwen3_5_moe"))
 def test_qwen3_5_thinking_can_be_switched_off_through_the_template_arguments(
     variant: str, qwen3_processor: Any, qwen3_reference: Any
 ) -> None:
@@ -130,7 +115,7 @@ def test_qwen3_5_thinking_can_be_switched_off_through_the_template_arguments(
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
-@pytest.mark.parametrize("variant", family(("qwen3_vl", "qwen3_5")))
+@pytest.mark.parametrize("variant", ("qwen3_vl", "qwen3_5"))
 def test_a_video_part_is_timed_as_the_same_video_given_to_process(
     variant: str, qwen3_processor: Any, tmp_path: Any
 ) -> None:
