@@ -16,6 +16,11 @@ requests per second, p50 and p99 latency, and the answer's size. The modes:
 * ``vllm``: ``vllm launch render`` (with ``--vllm PEER_VENV``: a virtual environment with vLLM
   0.33, as ``../shared/peer/build_vllm_peer.sh`` builds it).
 
+With ``--stages``, first a table of where one request's time goes: distinct requests one at a time
+through the server's app in this process (1 worker), the processor's stages
+(``Processor.recording_stages``) and the server's own (``/metrics``: encoding the items in vLLM's
+format, serialising the JSON), mean milliseconds per request.
+
 Then the targets of the render-tier issue, from this run: mmproc's JSON endpoint at least 2x
 vLLM's req/s at 1 and 8 clients with p99 at 8 no worse than vLLM's; the native path at least 3x
 vLLM's req/s at 8.
@@ -194,6 +199,56 @@ def run_vllm(venv: Path, folder: Path, jpegs: list[bytes], requests: int) -> Any
         process.wait(60)
 
 
+def stage_table(folder: Path, count: int) -> None:
+    """Mean milliseconds per stage of ``count`` distinct chat requests, one at a time."""
+    import mmproc
+    from mmproc.serve.app import ServeSettings, create_app
+    from mmproc.stages import STAGES
+
+    bodies = [chat_body(photo_jpeg(50_000 + i), "bench") for i in range(count + 2)]
+    with mmproc.get_processor(folder, workers=1) as processor:
+        app = create_app(processor, ServeSettings(served_model_names=("bench",)))
+        registry = app.state.server.metrics.registry
+
+        async def send(batch: list[bytes]) -> list[float]:
+            transport = httpx.ASGITransport(app=app)
+            seconds = []
+            async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+                for body in batch:
+                    start = time.perf_counter()
+                    response = await client.post("/v1/chat/completions/render", content=body)
+                    seconds.append(time.perf_counter() - start)
+                    response.raise_for_status()
+            return seconds
+
+        asyncio.run(send(bodies[:2]))  # the first clone, the first decode
+
+        def server_seconds(stage: str) -> float:
+            labels = {"endpoint": "chat", "stage": stage}
+            return registry.get_sample_value("mmproc_request_seconds_sum", labels) or 0.0
+
+        before = {stage: server_seconds(stage) for stage in ("encode", "serialise", "total")}
+        with processor.recording_stages() as log:
+            client_seconds = asyncio.run(send(bodies[2:]))
+        server = {stage: server_seconds(stage) - before[stage] for stage in before}
+    rows = {stage: 0.0 for stage in STAGES}
+    for clock in log:
+        for stage, seconds in clock.seconds.items():
+            rows[stage] += seconds
+    rows["encode (kwargs_data: msgpack, base64)"] = server["encode"]
+    rows["serialise (JSON)"] = server["serialise"]
+    rows["server, the rest (body, routing, threads)"] = server["total"] - sum(rows.values())
+    rows["server total"] = server["total"]
+    rows["client-seen total"] = sum(client_seconds)
+    print(f"stages of one chat request (one 1024x768 JPEG, 1 worker, mean of {count})\n")
+    print("| stage | ms |")
+    print("|---|---:|")
+    for stage, seconds in rows.items():
+        if seconds:
+            print(f"| {stage} | {seconds / count * 1e3:.2f} |")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm", type=Path, help="a virtual environment with vLLM 0.33")
@@ -201,12 +256,20 @@ def main() -> None:
         "--requests", type=int, default=64, help="requests per row (at least 4 per client)"
     )
     parser.add_argument("--skip-native", action="store_true")
+    parser.add_argument(
+        "--stages", action="store_true", help="first, where one request's time goes"
+    )
+    parser.add_argument("--only-stages", action="store_true", help="the stage table alone")
     args = parser.parse_args()
     from mmproc_qwen_vl.demo import write_qwen2_vl_folder
 
     jpegs = [photo_jpeg(i) for i in range(8)]
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_qwen2_vl_folder(Path(tmp) / "qwen2-vl")
+        if args.stages or args.only_stages:
+            stage_table(folder, 16)
+        if args.only_stages:
+            return
         runs: dict[str, Any] = {"mmproc json": run_mmproc(folder, jpegs, args.requests, False)}
         if not args.skip_native:
             runs["mmproc native"] = run_mmproc(folder, jpegs, args.requests, True)

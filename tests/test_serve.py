@@ -122,6 +122,21 @@ def decode_item(encoded: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_an_item_encoded_in_pieces_is_the_base64_of_the_whole(seed: int) -> None:
+    from mmproc.serve.vllm_items import _base64_pieces
+
+    rng = np.random.default_rng(seed)
+    # Small and big parts (big ones are encoded from their own memory), lengths not multiples
+    # of 3, a big part first and last.
+    lengths = [int(n) for n in rng.choice([0, 1, 2, 5, 70_000, 70_001, 200_003], size=6)]
+    parts = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in lengths]
+    parts[1] = memoryview(np.frombuffer(parts[1], dtype=np.uint8).copy()).cast("B")
+    pieces = _base64_pieces(parts)
+    assert b"".join(pieces) == base64.b64encode(b"".join(bytes(p) for p in parts))
+    assert all(b"=" not in piece for piece in pieces[:-1])
+
+
 # --- the render endpoints -----------------------------------------------------------------------
 
 

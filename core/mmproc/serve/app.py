@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -101,6 +103,13 @@ class ServeSettings:
     encoded_item_cache_bytes: int = 1 << 30
 
 
+_Pieces = list[bytes]  # an encoded item: ASCII pieces whose concatenation is its base64
+
+
+def _size(pieces: _Pieces | None) -> int:
+    return sum(len(piece) for piece in pieces or ())
+
+
 class _Busy(Exception):
     """Every render slot is taken and the queue is full."""
 
@@ -110,19 +119,19 @@ class _EncodedItems:
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
-        self._items: OrderedDict[tuple[str, str], tuple[str, str | None]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[_Pieces, _Pieces | None]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, str]) -> tuple[str, str | None] | None:
+    def get(self, key: tuple[str, str]) -> tuple[_Pieces, _Pieces | None] | None:
         with self._lock:
             found = self._items.get(key)
             if found is not None:
                 self._items.move_to_end(key)
             return found
 
-    def put(self, key: tuple[str, str], value: tuple[str, str | None]) -> None:
-        size = len(value[0]) + len(value[1] or "")
+    def put(self, key: tuple[str, str], value: tuple[_Pieces, _Pieces | None]) -> None:
+        size = _size(value[0]) + _size(value[1])
         if size > self._max:
             return
         with self._lock:
@@ -132,7 +141,7 @@ class _EncodedItems:
             self._bytes += size
             while self._bytes > self._max:
                 _, (data, meta) = self._items.popitem(last=False)
-                self._bytes -= len(data) + len(meta or "")
+                self._bytes -= _size(data) + _size(meta)
 
 
 class _Server:
@@ -387,9 +396,7 @@ class _Server:
                 {"offset": feature.placeholder.offset, "length": feature.placeholder.length}
             )
         if with_tensors:
-            encoded = await asyncio.get_running_loop().run_in_executor(
-                None, self._encode_items, inputs
-            )
+            encoded = self._encode_items(inputs)
             features["kwargs_data"], features["mm_metadata"] = encoded
         else:
             features["kwargs_data"] = features["mm_metadata"] = None
@@ -398,9 +405,9 @@ class _Server:
 
     def _encode_items(
         self, inputs: ProcessedInputs
-    ) -> tuple[dict[str, list[str]], dict[str, list[str | None]]]:
-        data: dict[str, list[str]] = {}
-        metadata: dict[str, list[str | None]] = {}
+    ) -> tuple[dict[str, list[_Pieces]], dict[str, list[_Pieces | None]]]:
+        data: dict[str, list[_Pieces]] = {}
+        metadata: dict[str, list[_Pieces | None]] = {}
         for feature in inputs.features:
             key = (feature.modality, feature.hash)
             encoded = self.encoded.get(key)
@@ -427,12 +434,68 @@ class _Server:
     async def _respond(self, answer: Any, endpoint: str) -> Response:
         begin = time.perf_counter()
         if isinstance(answer, dict) and answer.get("features"):
-            # A big answer (megabytes of base64) is serialised off the event loop.
-            body = await asyncio.get_running_loop().run_in_executor(None, orjson.dumps, answer)
-        else:
-            body = orjson.dumps(answer)
+            pieces = _json_pieces(answer)
+            self.metrics.observe(endpoint, "serialise", time.perf_counter() - begin)
+            return _PiecesResponse(pieces)
+        body = orjson.dumps(answer)
         self.metrics.observe(endpoint, "serialise", time.perf_counter() - begin)
         return Response(body, media_type="application/json")
+
+
+class _PiecesResponse(Response):
+    """A JSON body sent as the pieces it was made of (the items are never joined into one
+    copy of the answer)."""
+
+    media_type = "application/json"
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self._pieces = pieces
+        super().__init__(b"")
+        self.headers["content-length"] = str(sum(len(piece) for piece in pieces))
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        last = len(self._pieces) - 1
+        for index, piece in enumerate(self._pieces):
+            await send({"type": "http.response.body", "body": piece, "more_body": index < last})
+
+
+def _json_pieces(answer: dict[str, Any]) -> list[bytes]:
+    """``answer`` as pieces of JSON, its encoded items (base64 bytes) as pieces of their own.
+
+    The items are base64 (nothing in them needs escaping), megabytes each: a JSON encoder would
+    scan and copy every byte of them. They are serialised as markers instead (a nonce no
+    request can know, so no echoed request field can pass for one) and placed between the
+    pieces of the rest.
+    """
+    features = answer["features"]
+    nonce = secrets.token_hex(16)
+    items: list[_Pieces] = []
+
+    def marked(values: list[_Pieces | None]) -> list[str | None]:
+        out: list[str | None] = []
+        for value in values:
+            if value is None:
+                out.append(None)
+            else:
+                out.append(f"{nonce}{len(items)}")
+                items.append(value)
+        return out
+
+    spliced = dict(features)
+    for key in ("kwargs_data", "mm_metadata"):
+        if features.get(key):
+            spliced[key] = {modality: marked(list(v)) for modality, v in features[key].items()}
+    body = orjson.dumps({**answer, "features": spliced})
+    # re.split alternates the text between markers and the markers' item numbers.
+    split: list[bytes] = re.split(rb"(?<=\")" + nonce.encode() + rb"(\d+)(?=\")", body)
+    pieces = split[:1]
+    for i in range(1, len(split), 2):
+        pieces += items[int(split[i])]
+        pieces.append(split[i + 1])
+    return pieces
 
 
 def _json(value: Any, status: int = 200) -> Response:
