@@ -72,4 +72,6 @@ def test_an_encoded_item_a_decoded_one_and_a_named_one_never_share_a_key() -> No
     assert keys.content_key(digest, "image", pixels) != by_bytes
     # Not even a caller who names an item by the hash of those bytes gets their key.
     recipe = canonical_json(decoding_recipe("image", MediaOptions())).encode()
-    assert keys.id_key(digest, hash_encoded("image", DATA, recipe)) != by_bytes
+    assert keys.id_key(digest, "image", hash_encoded("image", DATA, recipe)) != by_bytes
+    # And an image and a video named alike are two items.
+    assert keys.id_key(digest, "image", "x") != keys.id_key(digest, "video", "x")

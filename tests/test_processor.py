@@ -1093,6 +1093,15 @@ def test_an_item_given_an_id_is_keyed_by_it_and_carries_it_as_its_hash(processor
     )
 
 
+def test_an_id_given_twice_is_computed_from_the_item_that_came_with_its_data(processor) -> None:
+    out = processor.process(
+        IMAGE + IMAGE, {"image": [None, image(137)]}, mm_uuids={"image": ["twice", "twice"]}
+    )
+    assert [f.hash for f in out.features] == ["twice", "twice"]
+    alone = processor.process(IMAGE, {"image": [image(137)]})
+    assert torch.equal(out.features[0].data["pixel_values"], alone.features[0].data["pixel_values"])
+
+
 def test_items_without_an_id_are_hashed_by_content(processor) -> None:
     pictures = [image(132), image(133)]
     named = processor.process(
@@ -1136,6 +1145,31 @@ def test_bad_ids_name_the_item_and_the_processor_keeps_serving(
     with pytest.raises(MediaItemError, match=message):
         processor.process(IMAGE, {"image": [image(135)]}, mm_uuids=mm_uuids)
     assert processor.process(IMAGE, {"image": [image(135)]}).features
+
+
+def test_bad_ids_and_modalities_are_refused_before_any_item_is_read(
+    processor, tmp_path: Path
+) -> None:
+    missing = str(tmp_path / "never-read.png")  # reading it would be a "no such file" error
+    with pytest.raises(MediaItemError, match=r"image item 0: its id must be a non-empty string"):
+        processor.process(IMAGE, {"image": [missing]}, mm_uuids={"image": [7]})
+    with pytest.raises(MediaItemError, match=r"takes no video items"):
+        processor.process(IMAGE, {"image": [missing], "video": [missing]})
+
+
+def test_an_image_and_a_video_named_alike_are_two_items(qwen_folder: Path) -> None:
+    video_prompt = "<|vision_start|><|video_pad|><|vision_end|>"
+    frames = np.random.default_rng(0).integers(0, 256, (4, 56, 56, 3), dtype=np.uint8)
+    with get_processor(qwen_folder, device_normalize=False) as real:
+        real.process(IMAGE, {"image": [image(136)]}, mm_uuids={"image": ["same-name"]})
+        # A video given by its name alone is not served the image's outputs...
+        with pytest.raises(MediaItemError, match=r"video item 0"):
+            real.process(video_prompt, {"video": [None]}, mm_uuids={"video": ["same-name"]})
+        # ...and a video given with its frames is computed as a video.
+        [feature] = real.process(
+            video_prompt, {"video": [frames]}, mm_uuids={"video": ["same-name"]}
+        ).features
+        assert feature.modality == "video" and "pixel_values_videos" in feature.data
 
 
 def test_media_of_a_modality_the_model_does_not_take_is_named(processor) -> None:

@@ -167,6 +167,7 @@ class CacheKeys:
             digest, hash_encoded(modality, data, recipe, self.algorithm), self.algorithm
         )
 
-    def id_key(self, digest: bytes, item_id: str) -> str:
-        """The key of an item the caller named with ``item_id``."""
-        return item_key(digest, _CALLER_ID_PREFIX + item_id, self.algorithm)
+    def id_key(self, digest: bytes, modality: str, item_id: str) -> str:
+        """The key of a ``modality`` item the caller named with ``item_id`` (an image and a
+        video named alike are different items)."""
+        return item_key(digest, f"{_CALLER_ID_PREFIX}{modality}:{item_id}", self.algorithm)

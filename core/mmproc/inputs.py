@@ -353,11 +353,13 @@ def read_mm_data(
     image_formats: Sequence[str] | None = IMAGE_FORMATS,
     media: MediaOptions | None = None,
     max_items: Mapping[str, int] | None = None,
+    check_counts: Callable[[Mapping[str, int]], None] | None = None,
 ) -> ReadMediaItems:
     """The first step of :func:`parse_mm_data`: read the bytes of every item given encoded
     and check every item given decoded, parsing and decoding nothing; :meth:`ReadMediaItems.decode`
     does the rest. Arguments as for ``parse_mm_data``, and ``max_items``: the most items of a
-    modality (refused before any item is read). Raises ``parse_mm_data``'s errors of reading and
+    modality; ``check_counts``: the caller's own checks of the items per modality. Both refuse
+    before any file is opened or URL fetched. Raises ``parse_mm_data``'s errors of reading and
     checking (the headers, the request's decoded size and decoding are ``decode``'s)."""
     if mm_data is None:
         mm_data = {}
@@ -394,6 +396,8 @@ def read_mm_data(
             )
         counts[modality] = len(items)
         tasks.extend(_Task(modality, index, raw) for index, raw in enumerate(items))
+    if check_counts is not None:
+        check_counts(counts)
 
     # Read the encoded items' bytes and check the others; nothing is parsed or decoded yet.
     states: list[DecodePlan | _Encoded | _Absent] = _run_in_order(

@@ -112,6 +112,7 @@ class _Item:
     key: str  # its cache key
     hash: str  # what its feature's hash says
     value: Any = _UNDECODED  # the item itself, once decoded (or given decoded)
+    given: bool = True  # whether it came with its data (None: named by its id alone)
 
 
 @dataclass
@@ -145,15 +146,15 @@ class _Request:
         return [item.key for item in self.misses()]
 
     def to_compute(self) -> list[_Item]:
-        """The first item of each distinct key the cache does not hold: what the HF processor
-        gets."""
-        seen: set[str] = set()
-        first = []
+        """One item of each distinct key the cache does not hold, the first that came with its
+        data (an id given twice may come with its data only the second time): what the HF
+        processor gets."""
+        chosen: dict[str, _Item] = {}
         for item in self.misses():
-            if item.key not in seen:
-                seen.add(item.key)
-                first.append(item)
-        return first
+            current = chosen.get(item.key)
+            if current is None or (item.given and not current.given):
+                chosen[item.key] = item
+        return list(chosen.values())
 
     def keys_of(self, modality: str) -> list[str]:
         return [item.key for item in self.items if item.modality == modality]
@@ -555,17 +556,22 @@ class Processor:
         user_kwargs = dict(hf_kwargs or {})
         raw = self.normalization.raw_pixels_for(user_kwargs)
         digest = self._keys.context_digest(user_kwargs, raw)
+        ids: dict[str, list[str | None]] = {}
+
+        def check_counts(counts: Mapping[str, int]) -> None:
+            # Before any file is opened or URL fetched: a refused request reads nothing.
+            self._check_modalities(counts)
+            ids.update(check_mm_uuids(mm_uuids, counts))
+
         read = read_mm_data(
             mm_data,
             io_pool=self._io_pool,
             media=self._media,
             max_items=self.ctx.processor_options.max_items_per_request,
+            check_counts=check_counts,
         )
         kept = False  # whether the request keeps its media open, to decode after its wait
         try:
-            counts = read.counts
-            self._check_modalities(counts)
-            ids = check_mm_uuids(mm_uuids, counts)
             items = self._decode_given(read, ids)
             clock.mark("parse")
             for item in items:
@@ -596,7 +602,9 @@ class Processor:
         named = {(m, i) for m, modality_ids in ids.items() for i, v in enumerate(modality_ids) if v}
         refs = read.refs()
         loaded = read.decode(ref for ref in refs if read.source(ref) is None and ref not in named)
-        return [_Item(m, i, "", "", loaded.get((m, i), _UNDECODED)) for m, i in refs]
+        return [
+            _Item(m, i, "", "", loaded.get((m, i), _UNDECODED), read.given((m, i))) for m, i in refs
+        ]
 
     def _key(
         self,
@@ -610,7 +618,7 @@ class Processor:
         modality_ids = ids.get(item.modality)
         item_id = modality_ids[item.index] if modality_ids else None
         if item_id is not None:
-            key = self._keys.id_key(digest, item_id)
+            key = self._keys.id_key(digest, item.modality, item_id)
             # The engine keys its caches on the hash: an id stands for itself unless the
             # request's hf_kwargs shape the outputs, which the key then covers.
             return key, key if has_user_kwargs else item_id
