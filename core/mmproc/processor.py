@@ -244,6 +244,7 @@ class Processor:
             {m: model.get_placeholder_text(ctx, m) for m in self._placeholder_ids},
             model=f"{ctx.architecture} (plugin {ctx.plugin!r})",
             max_items=options.max_items_per_request,
+            max_chars=options.max_prompt_chars,
         )
         self._in_flight = InFlight()
         self._stage_log: StageLog | None = None

@@ -1,15 +1,14 @@
 """Text a user typed is text: control tokens in a chat's strings never act as control tokens.
 
-A user who types ``<|vision_start|><|image_pad|><|vision_end|>`` into a message would otherwise
-add a placeholder the prompt has no item for, or move which image binds where. Before the
-template is rendered, every control token inside the request's own strings (message contents,
-names, tool calls, tool definitions, template arguments) is wrapped in private markers
+A user who types ``<|vision_start|><|image_pad|><|vision_end|>`` into a message would otherwise add
+a placeholder the prompt has no item for, or move which image binds where. Before the template is
+rendered, every control token inside the request's own strings (message contents, names, tool calls,
+tool definitions, template arguments, the keys of their mappings too) is wrapped in private markers
 (transformers' ``mark_control_tokens``); after rendering, marked tokens are tokenised as the
-ordinary text they are made of and everything else as usual (``encode_marked_chat``): the
-template's own control tokens, and the placeholders it writes, stay control tokens. This is
-transformers' ``apply_chat_template(..., sanitize_control_tokens=True)``, split around the
-rendering so that a "string" template's placeholders, which mmproc puts into the strings, stay
-placeholders.
+ordinary text they are made of and everything else as usual (``encode_marked_chat``): the template's
+own control tokens, and the placeholders it writes, stay control tokens. This is transformers'
+``apply_chat_template(..., sanitize_control_tokens=True)``, split around the rendering so that a
+"string" template's placeholders, which mmproc puts into the strings, stay placeholders.
 
 The control tokens are the tokenizer's special tokens, the tokens it names in
 ``chat_control_tokens`` if it has that list, and the other added tokens the template writes as
@@ -20,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import jinja2
@@ -66,11 +66,21 @@ def _literal_text(template: str) -> str:
 
 
 def mark_control_tokens(obj: Any, pattern: re.Pattern[str]) -> Any:
-    """``obj`` (a string, or lists and mappings of them) with its control tokens marked; any
-    marker a caller put in a string is dropped first, so that none can be forged."""
+    """``obj`` (a string, or lists and mappings of them) with its control tokens marked, in
+    mappings' keys too (a tool's parameter names reach the prompt as text, as its values do);
+    any marker a caller put in a string is dropped first, so that none can be forged."""
     from transformers.utils.chat_template_utils import mark_control_tokens as mark
 
-    return mark(obj, pattern)
+    def marked(value: Any) -> Any:
+        if isinstance(value, str):
+            return mark(value, pattern)
+        if isinstance(value, Mapping):
+            return {marked(key): marked(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [marked(item) for item in value]
+        return value
+
+    return marked(obj)
 
 
 def encode_chat(

@@ -113,6 +113,7 @@ class ChatRenderer:
             ``get_placeholder_text``), for the modalities the model takes.
         model: How to name the model in messages.
         max_items: The most items of a modality one request may have.
+        max_chars: The most characters a rendered chat may have before it is tokenised.
     """
 
     def __init__(
@@ -123,8 +124,10 @@ class ChatRenderer:
         *,
         model: str,
         max_items: Mapping[str, int] | None = None,
+        max_chars: int | None = None,
     ) -> None:
         self._processor = processor
+        self._max_chars = max_chars
         self._tokenizer = tokenizer
         self._placeholders = dict(placeholders)
         self._model = model
@@ -171,6 +174,11 @@ class ChatRenderer:
             documents=user(options.documents),
             template_kwargs=user(dict(options.chat_template_kwargs)),
         )
+        if self._max_chars is not None and len(rendered) > self._max_chars:
+            raise ChatRequestError(
+                f"the rendered chat has {len(rendered):,} characters, over the limit of "
+                f"{self._max_chars:,} (the max_prompt_chars option)"
+            )
         try:
             ids = encode_chat(
                 tokenizer, rendered, marked=mark, add_special_tokens=options.add_special_tokens
