@@ -48,3 +48,26 @@ def test_a_borrower_beyond_the_bound_waits_for_a_copy_to_come_back(tokenizer) ->
 def test_a_bound_below_one_is_refused(tokenizer) -> None:
     with pytest.raises(ValueError, match="max_copies"):
         TokenizerClones(tokenizer, max_copies=0)
+
+
+def test_the_original_is_not_lent_or_copied_while_its_other_user_holds_it(tokenizer) -> None:
+    # The other user: a worker pool's synchronous fallback, calling the original processor
+    # under its lock (and free to set truncation on its tokenizer meanwhile).
+    lock = threading.RLock()
+    clones = TokenizerClones(tokenizer, max_copies=2, original_lock=lock)
+    lent: list[object] = []
+    entered = threading.Event()
+
+    def borrower() -> None:
+        with clones.borrow() as borrowed:
+            lent.append(borrowed)
+            entered.set()
+
+    with lock:
+        thread = threading.Thread(target=borrower)
+        thread.start()
+        assert not entered.wait(0.3)  # neither lent the original nor copying it
+    thread.join(10)
+    assert lent == [tokenizer]
+    with lock, clones.borrow() as on_the_lock_holders_thread:  # re-entrant for the holder
+        assert on_the_lock_holders_thread is tokenizer

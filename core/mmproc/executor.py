@@ -303,6 +303,12 @@ class ProcessorPool:
     # --- public API -------------------------------------------------------------------------
 
     @property
+    def original_lock(self) -> threading.RLock:
+        """The lock the synchronous fallback's calls on the original processor hold: whoever
+        else uses the original (or its tokenizer) holds it too."""
+        return self._fallback_lock
+
+    @property
     def workers(self) -> int:
         """Worker threads the pool was built with (the fallback runs inline regardless)."""
         return self._workers

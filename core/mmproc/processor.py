@@ -256,18 +256,19 @@ class Processor:
         # Async requests are prepared (parsed, hashed, looked up) here, off the event loop; its
         # threads mostly wait for the IO pool, so the same count of them is plenty.
         self._prepare_pool = create_io_pool(io_workers, name="mmproc-prepare")
-        # Requests answered from the cache tokenise on their callers' threads: with a copy of
-        # the tokenizer each, as many at once as the prepare pool runs.
-        self._front = TokenizerClones(self._tokenizer, io_workers)
         # The processor is final here (plugins customise it in load_hf_processor), so the clones
         # can be made now: in the background by default, so neither construction nor the first
-        # requests pay for them (a Qwen2-sized tokenizer costs ~0.45 s a copy).
+        # requests pay for them (copying a big vocabulary's tokenizer takes a good part of a
+        # second).
         self._pool = ProcessorPool(
             lambda: self.hf_processor,
             self.workers,
             warm_up=options.warm_up,
             model=ctx.architecture,
         )
+        # Requests answered from the cache tokenise on their callers' threads: with a copy of
+        # the tokenizer each, as many at once as the prepare pool runs.
+        self._front = TokenizerClones(self._tokenizer, io_workers, self._pool.original_lock)
         # With process workers, each worker thread hands its HF calls to a process of its own;
         # everything else (cache, single flight, prompt updates) stays here.
         self._processes: WorkerProcesses | None = None
