@@ -481,17 +481,21 @@ class Processor:
         if isinstance(answer, ProcessedInputs):
             return answer  # every item was cached
         request = answer
+        # The media it left undecoded: the route's to close until handed to _after_waiting,
+        # which closes it itself (also when the request is cancelled while it runs).
+        media, request.media = request.media, None
         try:
             # Items other requests are computing right now: wait for them (the request left
             # them undecoded), then look them up again.
             waited = yield _WaitFor(request.miss_keys())
-            if waited or request.media is not None:
-                answer = yield _OffLoop(self._after_waiting, (request,))
+            if waited or media is not None:
+                handed, media = media, None
+                answer = yield _OffLoop(self._after_waiting, (request, handed))
                 if isinstance(answer, ProcessedInputs):
                     return answer
         finally:
-            if request.media is not None:  # abandoned while waiting (cancelled)
-                request.media.close()
+            if media is not None:  # abandoned while waiting (cancelled)
+                media.close()
         result = yield _OnWorker(self._process_prepared, request)  # steps 4-6
         clock.mark("hops")
         return result
@@ -640,12 +644,13 @@ class Processor:
                 item.value = decoded[item.modality, item.index]
         request.clock.mark("decode")
 
-    def _after_waiting(self, request: _Request) -> _Request | ProcessedInputs:
+    def _after_waiting(
+        self, request: _Request, media: ReadMediaItems | None
+    ) -> _Request | ProcessedInputs:
         """A request whose items others were computing: what they left in the cache is a hit
-        now; the answer itself when that is every item. The media it left undecoded for them
-        and still misses are decoded now."""
+        now; the answer itself when that is every item. The ``media`` it left undecoded for
+        them and still misses are decoded now (and ``media`` closed)."""
         request.clock.mark("hops")  # the wait, and for async requests the hop back
-        media, request.media = request.media, None
         try:
             if self.cache.enabled:
                 request.cached.update(self._lookup(request.miss_keys(), retry=True))
@@ -850,6 +855,8 @@ class Processor:
                 per_item, expanded_ids = self._hf_call(
                     mode, request.prompt, items, kwargs, processor
                 )
+            except WorkerProcessError:
+                raise  # the worker's fault, not the prompt's: no second try
             except ProcessingError:
                 # Most often the prompt and the items disagree: the dummy-text path below says
                 # so precisely (PromptUpdateError), or finds the item at fault.
@@ -915,6 +922,8 @@ class Processor:
         for ref in refs:
             try:
                 alone = self._call_media_only([ref], mode, kwargs, processor)
+            except WorkerProcessError:
+                raise
             except ProcessingError:
                 raise batch_error from None
             for modality, outputs in alone.items():
@@ -974,6 +983,8 @@ class Processor:
         def run(part: Sequence[ItemRef]) -> BaseException | None:
             try:
                 self._call_media_only(part, mode, kwargs, processor)
+            except WorkerProcessError:
+                raise  # the worker died or hung: no item is to blame
             except ProcessingError as exc:
                 return exc.__cause__ or exc
             return None
