@@ -47,6 +47,11 @@ class ModelContext:
         object.__setattr__(self, "config", MappingProxyType(dict(self.config)))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
+    @property
+    def model_name(self) -> str:
+        """How messages name the model: its architecture and the plugin serving it."""
+        return f"{self.architecture} (plugin {self.plugin!r})"
+
     def option(self, name: str, default: Any = None) -> Any:
         """The plugin option ``name``, or ``default`` when the caller did not give it."""
         return self.options.get(name, default)
@@ -55,7 +60,7 @@ class ModelContext:
         """The model folder, or a clear error when the model was looked up by name alone."""
         if self.model_path is None:
             raise ProcessorLoadError(
-                f"{self.architecture} (plugin {self.plugin!r}) needs a local model folder: "
+                f"{self.model_name} needs a local model folder: "
                 "pass the folder to get_processor() instead of the architecture name"
             )
         return self.model_path

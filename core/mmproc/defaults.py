@@ -36,7 +36,7 @@ class DefaultModel:
             processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True, **kwargs)
         except Exception as exc:
             raise ProcessorLoadError(
-                f"{ctx.architecture} (plugin {ctx.plugin!r}): cannot build the HF processor "
+                f"{ctx.model_name}: cannot build the HF processor "
                 f"from {folder}: {type(exc).__name__}: {exc}"
             ) from exc
         # AutoProcessor falls back to the bare tokenizer when it finds no processor for the
@@ -46,7 +46,7 @@ class DefaultModel:
             for part in ("image_processor", "video_processor", "feature_extractor")
         ):
             raise ProcessorLoadError(
-                f"{ctx.architecture} (plugin {ctx.plugin!r}): transformers' AutoProcessor found "
+                f"{ctx.model_name}: transformers' AutoProcessor found "
                 f"no image, video or audio processor in {folder} (it gave a "
                 f"{type(processor).__name__}); config.json's model_type "
                 f"{ctx.config.get('model_type')!r} must be one transformers knows, with the "

@@ -45,7 +45,7 @@ def read_json_object(
     """
     folder = ctx.require_model_path()
     path = folder / name
-    where = f"{ctx.architecture} (plugin {ctx.plugin!r})"
+    where = ctx.model_name
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -226,7 +226,7 @@ class Processor:
             hint=model.worker_count_hint(ctx, self.path),
             supports_concurrency=model.supports_concurrency(ctx),
             path=self.path,
-            model=f"{ctx.architecture} (plugin {ctx.plugin!r})",
+            model=ctx.model_name,
         )
         self._base_kwargs = fast_processor_kwargs(self.hf_processor, self.device)
         self.normalization = DeviceNormalization.for_model(
@@ -242,7 +242,7 @@ class Processor:
             self.hf_processor,
             self._tokenizer,
             {m: model.get_placeholder_text(ctx, m) for m in self._placeholder_ids},
-            model=f"{ctx.architecture} (plugin {ctx.plugin!r})",
+            model=ctx.model_name,
             max_items=options.max_items_per_request,
             max_chars=options.max_prompt_chars,
         )
@@ -279,7 +279,7 @@ class Processor:
                 worker_spec,
                 self.workers,
                 timeout_s=options.worker_timeout_s,
-                model=f"{ctx.architecture} (plugin {ctx.plugin!r})",
+                model=ctx.model_name,
                 background=options.warm_up != True,  # noqa: E712 (True, not "background")
             )
 
@@ -693,8 +693,7 @@ class Processor:
                 raise MediaItemError(
                     modality,
                     None,
-                    f"{self.ctx.architecture} (plugin {self.ctx.plugin!r}) takes no {modality} "
-                    f"items; it takes {takes}",
+                    f"{self.ctx.model_name} takes no {modality} items; it takes {takes}",
                 )
 
     def _lookup(self, keys: list[str], *, retry: bool = False) -> dict[str, CachedItem]:
@@ -966,9 +965,7 @@ class Processor:
         try:
             return split_outputs(outputs, self.model.get_mm_fields(self.ctx, outputs), counts)
         except FieldSpecError as exc:
-            raise FieldSpecError(
-                f"{self.ctx.architecture} (plugin {self.ctx.plugin!r}): {exc}"
-            ) from exc
+            raise FieldSpecError(f"{self.ctx.model_name}: {exc}") from exc
 
     def _locate_failure(
         self,

@@ -95,10 +95,13 @@ class RenderedChat:
 
     @property
     def mm_data(self) -> dict[str, list[Any]]:
+        """The media parts' items, per modality in the order of the messages and parts."""
         return self.chat.mm_data()
 
     @property
     def mm_uuids(self) -> dict[str, list[str | None]] | None:
+        """The parts' ``uuid``s in the same layout (None where a part has none); None when no
+        part has one."""
         return self.chat.mm_uuids()
 
 

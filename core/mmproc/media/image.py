@@ -7,8 +7,9 @@ arrays always as channels-last. Encoded images are opened only in the formats al
 (:data:`IMAGE_FORMATS` by default: Pillow would otherwise also try formats such as EPS, which
 hands data to Ghostscript), and every image, encoded or given as an array, is refused over
 Pillow's ``Image.MAX_IMAGE_PIXELS``: the limit is about the memory and time a request may cost,
-whatever its form. EXIF orientation is not applied: transformers' image processors do not apply
-it either, so the model sees what it would see without mmproc.
+whatever its form. An encoded image is turned upright by its EXIF orientation, as vLLM's image
+loader turns it (transformers' processors take the picture as given: a caller who hands one a
+PIL image has opened it and oriented it or not).
 
 Part of the decoding recipe (:func:`recipe`): Pillow's version and its codec libraries as loaded.
 """

@@ -52,12 +52,12 @@ from mmproc.wire.parse import (
     MAP_HEADERS,
     MEMORY_ALLOWANCE,
     WORST_BYTES_PER_BYTE,
+    Fault,
     MemoryBudget,
-    _Fault,
-    _short,
     describe_first_byte,
     parse_body,
     parse_whole,
+    short_repr,
 )
 
 __all__ = [
@@ -150,7 +150,7 @@ _tuple_new: Final = tuple.__new__
 # --- encoding -----------------------------------------------------------------------------------
 
 
-class _Encoder:
+class TreeEncoder:
     """One encode call: walks the object, swaps tensors for ``[dtype, shape, data]``."""
 
     __slots__ = ("frames", "threshold")
@@ -181,14 +181,14 @@ class _Encoder:
             if type(obj) is torch.Tensor:  # the schema's tensors: skip the dispatch
                 return self._tensor(obj, len(path))
             return self.walk(obj, len(path))
-        except _Fault as fault:
+        except Fault as fault:
             fault.path.extend(reversed(path))
             raise
 
     def _sequence(self, obj: Sequence[Any], depth: int) -> Any:
         depth += 1
         if depth > DEFAULT_MAX_DEPTH:
-            raise _Fault(f"nested deeper than {DEFAULT_MAX_DEPTH} levels (or a cycle)")
+            raise Fault(f"nested deeper than {DEFAULT_MAX_DEPTH} levels (or a cycle)")
         # Fast path, C speed: a list of scalars (token ids) goes to msgpack untouched.
         if set(map(type, obj)) <= _PLAIN:
             return obj
@@ -199,7 +199,7 @@ class _Encoder:
                 continue
             try:
                 out.append(self.walk(item, depth))
-            except _Fault as fault:
+            except Fault as fault:
                 fault.path.append(index)
                 raise
         if (
@@ -211,8 +211,8 @@ class _Encoder:
         ):
             # The decoder reads [dtype, [dims], int] as a tensor in an aux frame; a plain list of
             # that form would come back as something else (or be rejected).
-            raise _Fault(
-                f"list {_short(out)} has the form of an encoded tensor [dtype, shape, frame] "
+            raise Fault(
+                f"list {short_repr(out)} has the form of an encoded tensor [dtype, shape, frame] "
                 "and would not decode as a list"
             )
         return out
@@ -220,13 +220,13 @@ class _Encoder:
     def _mapping(self, obj: Mapping[Any, Any], depth: int) -> dict[str, Any]:
         depth += 1
         if depth > DEFAULT_MAX_DEPTH:
-            raise _Fault(f"nested deeper than {DEFAULT_MAX_DEPTH} levels (or a cycle)")
+            raise Fault(f"nested deeper than {DEFAULT_MAX_DEPTH} levels (or a cycle)")
         out: dict[str, Any] = {}
         for key, value in obj.items():
             if type(key) is not str:
                 if not isinstance(key, str):
-                    raise _Fault(
-                        f"dict key {_short(key)} is a {type(key).__name__}; only str keys "
+                    raise Fault(
+                        f"dict key {short_repr(key)} is a {type(key).__name__}; only str keys "
                         "can go on the wire"
                     )
                 key = str.__str__(key)  # a str subclass (StrEnum) goes as its plain value
@@ -235,17 +235,17 @@ class _Encoder:
                 continue
             try:
                 out[key] = self.walk(value, depth)
-            except _Fault as fault:
+            except Fault as fault:
                 fault.path.append(key)
                 raise
         return out
 
     def _tensor(self, tensor: torch.Tensor, depth: int) -> list[Any]:
         if depth + 2 > DEFAULT_MAX_DEPTH:
-            raise _Fault(f"tensor nested deeper than {DEFAULT_MAX_DEPTH} levels")
+            raise Fault(f"tensor nested deeper than {DEFAULT_MAX_DEPTH} levels")
         encoding = TORCH_ENCODING.get(tensor.dtype)
         if encoding is None:
-            raise _Fault(f"torch dtype {tensor.dtype} cannot go on the wire")
+            raise Fault(f"torch dtype {tensor.dtype} cannot go on the wire")
         name, view_as = encoding
         # Fast path for the common case (CPU, dense, no autograd): `.numpy()` refuses everything
         # else, and only then is the tensor examined in detail.
@@ -267,12 +267,12 @@ class _Encoder:
     def _host_array(tensor: torch.Tensor, view_as: torch.dtype | None) -> np.ndarray:
         """The slow path: say why a tensor cannot go, or make it contiguous (one copy)."""
         if not tensor.is_cpu:
-            raise _Fault(
+            raise Fault(
                 f"tensor is on {tensor.device}; move it to the CPU before encoding "
                 "(the wire carries host memory)"
             )
         if tensor.layout is not torch.strided:
-            raise _Fault(f"tensor layout {tensor.layout} is not supported; use .to_dense()")
+            raise Fault(f"tensor layout {tensor.layout} is not supported; use .to_dense()")
         # detach: the wire carries values, not autograd history. resolve_*: lazily conjugated or
         # negated views cannot expose their memory. contiguous: the one copy a strided tensor
         # costs. Each is a no-op when it does not apply.
@@ -281,10 +281,10 @@ class _Encoder:
 
     def _ndarray(self, array: np.ndarray, depth: int) -> list[Any]:
         if depth + 2 > DEFAULT_MAX_DEPTH:
-            raise _Fault(f"array nested deeper than {DEFAULT_MAX_DEPTH} levels")
+            raise Fault(f"array nested deeper than {DEFAULT_MAX_DEPTH} levels")
         dtype = array.dtype
         if dtype.kind not in "biufc" or dtype.fields is not None:
-            raise _Fault(
+            raise Fault(
                 f"numpy dtype {dtype} cannot go on the wire: only bool, integer, float and "
                 "complex arrays have a plain binary layout (object arrays would need pickle)"
             )
@@ -329,11 +329,11 @@ class _Encoder:
         if isinstance(obj, dict):
             return self._mapping(obj, depth)
         if isinstance(obj, np.generic):
-            raise _Fault(
+            raise Fault(
                 f"numpy scalar {type(obj).__name__} cannot go on the wire; use .item() for a "
                 "Python number or np.asarray() for a 0-d array"
             )
-        raise _Fault(f"cannot encode an object of type {type(obj).__qualname__}")
+        raise Fault(f"cannot encode an object of type {type(obj).__qualname__}")
 
 
 def encode(obj: Any, *, threshold: int | None = None) -> list[Frame]:
@@ -354,15 +354,15 @@ def encode(obj: Any, *, threshold: int | None = None) -> list[Frame]:
     return encode_tree(lambda encoder: encoder.walk(obj, 0), threshold)
 
 
-def encode_tree(build: Callable[[_Encoder], Any], threshold: int | None) -> list[Frame]:
+def encode_tree(build: Callable[[TreeEncoder], Any], threshold: int | None) -> list[Frame]:
     """Internal to `mmproc.wire`: encode the tree ``build(encoder)`` returns. ``build`` lays out
     containers itself and passes values through ``encoder.value(obj, path)``, which swaps tensors
     for ``[dtype, shape, data]`` and checks everything it walks; what ``build`` puts in the tree
     directly must already be plain msgpack values."""
-    encoder = _Encoder(zero_copy_threshold(threshold))
+    encoder = TreeEncoder(zero_copy_threshold(threshold))
     try:
         tree = build(encoder)
-    except _Fault as fault:
+    except Fault as fault:
         raise EncodeError(f"cannot encode {fault.where()}: {fault.reason}") from None
     try:
         body = msgpack.packb(tree, use_bin_type=True)
@@ -535,7 +535,7 @@ class _Decoder:
         """Check and convert one value found at ``path`` of a structure the caller reads itself."""
         try:
             return self.walk(obj, len(path))
-        except _Fault as fault:
+        except Fault as fault:
             fault.path.extend(reversed(path))
             raise
 
@@ -550,10 +550,10 @@ class _Decoder:
             ):
                 try:
                     return self._tensor(name, shape, data, len(path) + 1)
-                except _Fault as fault:
+                except Fault as fault:
                     fault.path.extend(reversed(path))
                     raise
-        error = _Fault(f"expected a tensor [dtype, shape, data], got {_short(obj)}")
+        error = Fault(f"expected a tensor [dtype, shape, data], got {short_repr(obj)}")
         error.path.extend(reversed(path))
         raise error
 
@@ -565,7 +565,7 @@ class _Decoder:
         if kind is list:
             depth += 1
             if depth > self.max_depth:
-                raise _Fault(f"nested deeper than {self.max_depth} levels")
+                raise Fault(f"nested deeper than {self.max_depth} levels")
             if len(obj) == 3:
                 head, shape, data = obj
                 if (
@@ -580,69 +580,69 @@ class _Decoder:
                 if type(item) not in _PLAIN:
                     try:
                         obj[index] = self.walk(item, depth)
-                    except _Fault as fault:
+                    except Fault as fault:
                         fault.path.append(index)
                         raise
             return obj
         if kind is dict:
             depth += 1
             if depth > self.max_depth:
-                raise _Fault(f"nested deeper than {self.max_depth} levels")
+                raise Fault(f"nested deeper than {self.max_depth} levels")
             for key, value in obj.items():
                 if type(key) is not str:
-                    raise _Fault(f"map key {_short(key)} is {type(key).__name__}, not str")
+                    raise Fault(f"map key {short_repr(key)} is {type(key).__name__}, not str")
                 if type(value) not in _PLAIN:
                     try:
                         # Replacing the value of an existing key is safe while iterating.
                         obj[key] = self.walk(value, depth)
-                    except _Fault as fault:
+                    except Fault as fault:
                         fault.path.append(key)
                         raise
             return obj
         if kind is _Inline:
-            raise _Fault(f"ext type {EXT_RAW_VIEW} (raw tensor bytes) outside a tensor")
+            raise Fault(f"ext type {EXT_RAW_VIEW} (raw tensor bytes) outside a tensor")
         if kind is msgpack.Timestamp:
-            raise _Fault("msgpack timestamp (ext type -1) is not accepted")
-        raise _Fault(f"unexpected {kind.__name__} value")
+            raise Fault("msgpack timestamp (ext type -1) is not accepted")
+        raise Fault(f"unexpected {kind.__name__} value")
 
     def _tensor(self, name: str, shape: list[Any], data: _Inline | int, depth: int) -> Any:
         if depth + 1 > self.max_depth:
-            raise _Fault(f"tensor shape nested deeper than {self.max_depth} levels")
+            raise Fault(f"tensor shape nested deeper than {self.max_depth} levels")
         spec = self.dtypes.get(name)
         if spec is None:
             known = "not allowed" if is_dtype_name(name) else "not a known dtype"
-            raise _Fault(f"tensor dtype {_short(name)} is {known}")
+            raise Fault(f"tensor dtype {short_repr(name)} is {known}")
         if len(shape) > self.max_ndim:
-            raise _Fault(f"tensor has {len(shape)} dimensions, more than {self.max_ndim}")
+            raise Fault(f"tensor has {len(shape)} dimensions, more than {self.max_ndim}")
         itemsize = spec.itemsize
         numel = 1
         extent = itemsize
         for dim in shape:
             if type(dim) is not int or dim < 0:
-                raise _Fault(f"tensor shape {_short(shape)} has a dimension {_short(dim)}")
+                raise Fault(f"tensor shape {short_repr(shape)} has a dimension {short_repr(dim)}")
             numel *= dim
             if dim:
                 extent *= dim
                 if extent > _MAX_EXTENT:
-                    raise _Fault(f"tensor shape {_short(shape)} is too large to represent")
+                    raise Fault(f"tensor shape {short_repr(shape)} is too large to represent")
         if isinstance(data, _Inline):
             buffer: bytes | memoryview = data.data
         else:
             frames = self.frames
             if not 0 < data < len(frames):
-                raise _Fault(
+                raise Fault(
                     f"tensor refers to frame {data}, but the message has frames 1.."
                     f"{len(frames) - 1} for tensor data"
                 )
             used = self.used
             if used[data]:
-                raise _Fault(f"frame {data} is referenced by more than one tensor")
+                raise Fault(f"frame {data} is referenced by more than one tensor")
             used[data] = 1
             buffer = frames[data]
         nbytes = len(buffer)
         if numel * itemsize != nbytes:
             source = "its inline bytes" if type(data) is _Inline else f"frame {data}"
-            raise _Fault(
+            raise Fault(
                 f"tensor {name} {shape} needs {numel * itemsize} bytes but {source} holds {nbytes}"
             )
         # A bool byte other than 0 or 1 is no value torch or numpy define. Bool tensors are small
@@ -654,7 +654,7 @@ class _Decoder:
             else:
                 bad = np.frombuffer(buffer, dtype=np.uint8).max() > 1
             if bad:
-                raise _Fault(f"tensor {name} {shape} holds bytes other than 0 and 1")
+                raise Fault(f"tensor {name} {shape} holds bytes other than 0 and 1")
         torch_dtype = spec.torch_dtype
         budget = self.budget
         if budget is not None:  # None: the message is too small for the worst case to matter
@@ -675,7 +675,7 @@ class _Decoder:
         except (RuntimeError, ValueError, TypeError) as exc:
             # Unreachable after the checks above; kept so a torch/numpy surprise is still a
             # DecodeError and never crashes the receiver.
-            raise _Fault(f"cannot build tensor {name} {_short(shape)}: {exc}") from None
+            raise Fault(f"cannot build tensor {name} {short_repr(shape)}: {exc}") from None
         array.flags.writeable = False
         return array
 
@@ -787,7 +787,7 @@ def decode_tree(
             )
     except DecodeError:
         raise
-    except _Fault as fault:
+    except Fault as fault:
         raise DecodeError(f"malformed message at {fault.where()}: {fault.reason}") from None
     except Exception as exc:
         # msgpack signals bad input with ValueError, TypeError, UnicodeDecodeError, StackError,
@@ -798,7 +798,7 @@ def decode_tree(
     decoder = _Decoder(limits, views, budget)
     try:
         result = build(tree, decoder)
-    except _Fault as fault:
+    except Fault as fault:
         raise DecodeError(f"malformed message at {fault.where()}: {fault.reason}") from None
     if len(views) > 1 and not all(decoder.used[1:]):
         unused = [index for index in range(1, len(views)) if not decoder.used[index]]

@@ -29,7 +29,7 @@ Map keys are str or bin, as msgpack's ``strict_map_key`` has them; on the value-
 are not interned (msgpack interns the keys it puts in a map, which would grow the interpreter's
 interned-string table, for good, by every distinct key of every message).
 
-Whatever is wrong raises `_Fault` (a reason and the path to where it was) or one of msgpack's own
+Whatever is wrong raises `Fault` (a reason and the path to where it was) or one of msgpack's own
 exceptions; the codec turns both into `mmproc.errors.DecodeError`.
 """
 
@@ -47,10 +47,12 @@ __all__ = [
     "MAP_HEADERS",
     "MEMORY_ALLOWANCE",
     "WORST_BYTES_PER_BYTE",
+    "Fault",
     "MemoryBudget",
     "describe_first_byte",
     "parse_body",
     "parse_whole",
+    "short_repr",
 ]
 
 WORST_BYTES_PER_BYTE: Final = 96
@@ -68,8 +70,9 @@ C call, uncounted, since even its worst case fits."""
 # --- faults carry the path to where they happened -------------------------------------------------
 
 
-class _Fault(Exception):
-    """Internal: what was wrong, plus the path, collected innermost first while unwinding."""
+class Fault(Exception):
+    """What was wrong in a message, plus the path to it, collected innermost first while
+    unwinding (the wire modules raise it; the decoders turn it into their public errors)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -96,7 +99,7 @@ _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 6
 _REPR.maxlevel = 3
 
 
-def _short(value: object) -> str:
+def short_repr(value: object) -> str:
     """A short, bounded-cost repr of a value from a message, for error messages."""
     return _REPR.repr(value)
 
@@ -107,7 +110,7 @@ def _short(value: object) -> str:
 class MemoryBudget:
     """Bytes of Python objects one decode may still build: charged before each is built.
 
-    ``limit`` is ``max(ratio * message_bytes, allowance)``; `charge` raises `_Fault` when a
+    ``limit`` is ``max(ratio * message_bytes, allowance)``; `charge` raises `Fault` when a
     charge would take more than what is left, and `refund` gives back what an upper-bound charge
     turned out not to need.
     """
@@ -121,10 +124,10 @@ class MemoryBudget:
         self.remaining = self.limit
 
     def charge(self, nbytes: int) -> None:
-        """Take ``nbytes`` from the budget, or raise `_Fault` if fewer are left."""
+        """Take ``nbytes`` from the budget, or raise `Fault` if fewer are left."""
         remaining = self.remaining - nbytes
         if remaining < 0:
-            raise _Fault(
+            raise Fault(
                 f"decoding would build more than {self.limit} bytes of objects, the limit for "
                 f"this message ({self.ratio} x its size, at least {self.allowance}; "
                 "DecodeLimits.max_memory_ratio)"
@@ -254,7 +257,7 @@ def parse_body(
     ext_hook: Callable[[int, bytes], Any],
 ) -> Any:
     """The raw msgpack tree of ``body`` (lists, str-or-bytes-keyed dicts, scalars, ``ext_hook``
-    results), built within ``budget`` and the counts; raises `_Fault` or msgpack's exceptions."""
+    results), built within ``budget`` and the counts; raises `Fault` or msgpack's exceptions."""
     size = body.nbytes
     worst = size * WORST_BYTES_PER_BYTE
     # Whole only if the worst case leaves at least as much again for what decoding builds next
@@ -304,7 +307,7 @@ def _container_count(limit: int) -> Callable[[Any], Any]:
         nonlocal remaining
         remaining -= 1
         if remaining < 0:
-            raise _Fault(f"frame 0 holds more than {limit} arrays and maps")
+            raise Fault(f"frame 0 holds more than {limit} arrays and maps")
         return container
 
     return count
@@ -374,8 +377,8 @@ class _Walker:
             raise msgpack.ExtraData(tree, bytes(self.body[end : end + 16]))
         return tree
 
-    def _too_many_values(self) -> _Fault:
-        return _Fault(
+    def _too_many_values(self) -> Fault:
+        return Fault(
             f"frame 0 holds more than {self.max_objects} values (DecodeLimits.max_objects)"
         )
 
@@ -392,15 +395,15 @@ class _Walker:
         """Account for a container of ``count`` items (each at least ``per_item`` values and
         bytes) about to be built ``depth`` deep: refused before its slots exist."""
         if depth > self.max_depth:
-            raise _Fault(f"nested deeper than {self.max_depth} levels")
+            raise Fault(f"nested deeper than {self.max_depth} levels")
         self.containers -= 1
         if self.containers < 0:
-            raise _Fault(f"frame 0 holds more than {self.max_containers} arrays and maps")
+            raise Fault(f"frame 0 holds more than {self.max_containers} arrays and maps")
         if count * per_item > self.objects:
             raise self._too_many_values()
         left = self.size - self.position
         if count * per_item > left:
-            raise _Fault(f"a container claims {count} items but only {left} bytes follow it")
+            raise Fault(f"a container claims {count} items but only {left} bytes follow it")
 
     def value(self, depth: int) -> Any:
         """Parse the next value (``depth`` containers deep), charging it first."""
@@ -518,7 +521,7 @@ class _Walker:
                     items[index] = number.unpack_from(body, self._take(number.size))[0]
                 else:
                     items[index] = self.value(depth)
-        except _Fault as fault:
+        except Fault as fault:
             fault.path.append(index)
             raise
         return items
@@ -537,14 +540,14 @@ class _Walker:
                 raise msgpack.OutOfData(f"frame 0 ends inside map entry {index}")
             kind = _KIND[body[position]]
             if kind != _STR and kind != _BIN:
-                raise _Fault(
+                raise Fault(
                     f"map key {index} is a msgpack {describe_first_byte(body[position])}; only "
                     "str keys are accepted"
                 )
             key = self.value(depth)
             try:
                 out[key] = self.value(depth)
-            except _Fault as fault:
+            except Fault as fault:
                 fault.path.append(key)
                 raise
         budget.refund(reserve - _rounded(sys.getsizeof(out)))

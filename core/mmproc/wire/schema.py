@@ -60,7 +60,7 @@ from mmproc.wire.codec import (
     DEFAULT_LIMITS,
     DecodeLimits,
     Frame,
-    _Encoder,
+    TreeEncoder,
     decode_tree,
     encode_tree,
 )
@@ -73,7 +73,7 @@ from mmproc.wire.items import (
     item_key,
     item_nbytes,
 )
-from mmproc.wire.parse import MemoryBudget, _Fault, _short
+from mmproc.wire.parse import Fault, MemoryBudget, short_repr
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -154,7 +154,7 @@ def _token_bytes(ids: list[int]) -> memoryview:
     except (TypeError, OverflowError) as exc:
         # Validated on construction: only a list changed since then to hold a non-int or an int
         # past 64 bits gets here (other changes, a negative id say, are caught by the receiver).
-        raise _Fault(f"token ids changed after the request was built: {exc}") from None
+        raise Fault(f"token ids changed after the request was built: {exc}") from None
     if sys.byteorder == "big":
         packed.byteswap()
     return memoryview(packed).cast("B")
@@ -164,7 +164,7 @@ def _token_array(ids: list[int]) -> np.ndarray:
     """The ids as the int64 array `to_wire` puts in the map (same bytes as `_token_bytes`)."""
     try:
         return np.frombuffer(_token_bytes(ids), dtype=_TOKEN_DTYPE)
-    except _Fault as fault:
+    except Fault as fault:
         raise ValueError(f"EngineRequest.prompt_token_ids: {fault.reason}") from None
 
 
@@ -204,7 +204,7 @@ def _token_list(
     if budget is not None:
         try:
             budget.charge(_TOKEN_ID_BYTES * len(value))
-        except _Fault as fault:
+        except Fault as fault:
             raise DecodeError(
                 f"engine request has {len(value)} prompt token ids: {fault.reason}"
             ) from None
@@ -349,10 +349,10 @@ class WireFeature:
             raise TypeError(f"{owner}.data must be a dict, got {type(self.data).__name__}")
         for key, value in self.data.items():
             if not isinstance(key, str):
-                raise TypeError(f"{owner}.data keys must be str, got {_short(key)}")
+                raise TypeError(f"{owner}.data keys must be str, got {short_repr(key)}")
             if not isinstance(value, torch.Tensor):
                 raise TypeError(
-                    f"{owner}.data[{_short(key)}] must be a torch tensor, got "
+                    f"{owner}.data[{short_repr(key)}] must be a torch tensor, got "
                     f"{type(value).__name__}"
                 )
         if self.norm is not None:
@@ -364,7 +364,7 @@ class WireFeature:
             for key, value in self.norm.items():
                 if not isinstance(key, str) or not _norm_value(value):
                     raise TypeError(
-                        f"{owner}.norm[{_short(key)}] must be a str key with a str/int/float/"
+                        f"{owner}.norm[{short_repr(key)}] must be a str key with a str/int/float/"
                         f"bool/None value, a (nested) list of numbers, a list of strings or a "
                         f"map of those, got {_describe(value)}"
                     )
@@ -388,7 +388,7 @@ class WireFeature:
             "ref": None,
         }
 
-    def _wire_tree(self, encoder: _Encoder, position: int, ref: bytes | None) -> dict[str, Any]:
+    def _wire_tree(self, encoder: TreeEncoder, position: int, ref: bytes | None) -> dict[str, Any]:
         """`to_wire`, encoded in place: only the tensors go through the encoder's walk. With
         ``ref`` (the item's key), the feature goes by reference: without tensors or norm."""
         is_embed = self.is_embed
@@ -516,13 +516,13 @@ class EngineRequest:
             raise TypeError(f"{owner}.params must be a dict, got {type(self.params).__name__}")
         for key in self.params:
             if not isinstance(key, str):
-                raise TypeError(f"{owner}.params keys must be str, got {_short(key)}")
+                raise TypeError(f"{owner}.params keys must be str, got {short_repr(key)}")
         outputs = self.prompt_outputs
         if not isinstance(outputs, dict):
             raise TypeError(f"{owner}.prompt_outputs must be a dict, got {type(outputs).__name__}")
         for name, value in outputs.items():
             if not isinstance(name, str):
-                raise TypeError(f"{owner}.prompt_outputs keys must be str, got {_short(name)}")
+                raise TypeError(f"{owner}.prompt_outputs keys must be str, got {short_repr(name)}")
             if not isinstance(value, torch.Tensor):
                 raise TypeError(
                     f"{owner}.prompt_outputs[{name!r}] must be a torch.Tensor, got "
@@ -546,7 +546,7 @@ class EngineRequest:
         }
 
     def _wire_tree(
-        self, encoder: _Encoder, refs: Sequence[bytes | None] | None = None
+        self, encoder: TreeEncoder, refs: Sequence[bytes | None] | None = None
     ) -> dict[str, Any]:
         """`to_wire`, encoded in place. The fields validated on construction go into the tree as
         they are; params, being free-form, are walked. ``refs`` has, per feature, the key it goes
@@ -563,11 +563,11 @@ class EngineRequest:
             "prompt_outputs": encoder.value(self.prompt_outputs, ("prompt_outputs",)),
         }
 
-    def _token_tree(self, encoder: _Encoder) -> list[Any]:
+    def _token_tree(self, encoder: TreeEncoder) -> list[Any]:
         ids = self.prompt_token_ids
         try:
             return encoder.raw(_TOKEN_DTYPE.str, (len(ids),), _token_bytes(ids))
-        except _Fault as fault:
+        except Fault as fault:
             fault.path.append("prompt_token_ids")
             raise
 
@@ -610,8 +610,9 @@ class _Reference:
     def describe(self) -> str:
         raw = self.raw
         return (
-            f"feature {self.position} ({_short(raw['modality'])} item {_short(raw['item_index'])}"
-            f", hash {_short(raw['hash'])}, key {self.key.hex()})"
+            f"feature {self.position} ({short_repr(raw['modality'])} item "
+            f"{short_repr(raw['item_index'])}, hash {short_repr(raw['hash'])}, "
+            f"key {self.key.hex()})"
         )
 
     def fill(self, item: WireItem) -> WireFeature:
@@ -687,7 +688,7 @@ def _build_feature(raw: Any, position: int, tensor: _Resolve) -> WireFeature | _
         if type(ref) is not bytes or len(ref) != ITEM_KEY_BYTES:
             raise DecodeError(
                 f"engine request feature {position}: ref must be {ITEM_KEY_BYTES} bytes (an item"
-                f" key) or nil, got {_short(ref)}"
+                f" key) or nil, got {short_repr(ref)}"
             )
         if raw["data"] is not None or raw["norm"] is not None:
             raise DecodeError(
@@ -700,7 +701,7 @@ def _build_feature(raw: Any, position: int, tensor: _Resolve) -> WireFeature | _
         for key in data:
             if type(key) is not str:
                 raise DecodeError(
-                    f"engine request feature {position}: data key {_short(key)} is not a str"
+                    f"engine request feature {position}: data key {short_repr(key)} is not a str"
                 )
         data = {
             key: tensor(value, ("features", position, "data", key)) for key, value in data.items()
@@ -736,8 +737,8 @@ def _build_request(
         raise DecodeError("not an mmproc engine request: the map has no 'schema_version'")
     if type(version) is not int or version != SCHEMA_VERSION:  # type first: arrays compare oddly
         raise DecodeError(
-            f"engine request has schema version {_short(version)}, but this mmproc reads version "
-            f"{SCHEMA_VERSION}; run the same mmproc release on the front end and the engine"
+            f"engine request has schema version {short_repr(version)}, but this mmproc reads "
+            f"version {SCHEMA_VERSION}; run the same mmproc release on the front end and the engine"
         )
     if obj.keys() != _REQUEST_KEY_SET:
         _exact_keys("engine request", obj, _REQUEST_KEYS)
@@ -749,7 +750,7 @@ def _build_request(
     if budget is not None and raw_features:
         try:
             budget.charge(_FEATURE_BYTES * len(raw_features))
-        except _Fault as fault:
+        except Fault as fault:
             fault.path.append("features")
             raise
     built = [_build_feature(raw, position, tensor) for position, raw in enumerate(raw_features)]
@@ -767,7 +768,7 @@ def _build_request(
         )
     for name in raw_outputs:
         if type(name) is not str:
-            raise DecodeError(f"engine request prompt_outputs key {_short(name)} is not a str")
+            raise DecodeError(f"engine request prompt_outputs key {short_repr(name)} is not a str")
     outputs = {name: tensor(raw, ("prompt_outputs", name)) for name, raw in raw_outputs.items()}
     try:
         request = EngineRequest._with_checked_ids(obj["request_id"], ids, features, params, outputs)
@@ -808,7 +809,7 @@ def _fill(
         shown = "; ".join(reference.describe() for reference in missing[:4])
         more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
         raise MissingItemsError(
-            f"engine request {_short(request_id)} refers to items this receiver does not hold: "
+            f"engine request {short_repr(request_id)} refers to items this receiver does not hold: "
             f"{shown}{more} (evicted, never received, or sent to another receiver); send it "
             "again with its items in full",
             [reference.position for reference in missing],
@@ -828,7 +829,7 @@ def _exact_keys(what: str, obj: dict[str, Any], expected: tuple[str, ...]) -> No
         return
     missing = [key for key in expected if key not in obj]
     # Keys of a raw msgpack map may be bytes as well as str: shown, never sorted or sliced.
-    unknown = [_short(key) for key in obj if key not in expected][:8]
+    unknown = [short_repr(key) for key in obj if key not in expected][:8]
     parts = []
     if missing:
         parts.append(f"missing {missing}")
