@@ -49,18 +49,15 @@ from mmproc.context import ModelContext, ProcessingMode
 from mmproc.device_normalization import DeviceNormalization
 from mmproc.errors import (
     ChatRequestError,
-    FieldSpecError,
     MediaItemError,
-    MmprocError,
     ProcessingError,
     PromptUpdateError,
     WorkerProcessError,
 )
 from mmproc.executor import ProcessorPool, create_io_pool
-from mmproc.fields import split_outputs
+from mmproc.hf_calls import HFCalls
 from mmproc.inflight import InFlight
 from mmproc.inputs import ReadMediaItems, read_mm_data
-from mmproc.item_failures import ItemRef, locate_failing_item
 from mmproc.media.items import MODALITIES
 from mmproc.media.policy import MediaOptions
 from mmproc.placeholder_checks import (
@@ -282,6 +279,7 @@ class Processor:
                 model=ctx.model_name,
                 background=options.warm_up != True,  # noqa: E712 (True, not "background")
             )
+        self._hf = HFCalls(ctx, model, self._processes)
 
     def _learn_placeholders(self) -> dict[str, list[int]]:
         """Modality -> token ids of the model's placeholder for one item, for the modalities the
@@ -845,13 +843,14 @@ class Processor:
             user_kwargs=request.user_kwargs,
         )
         kwargs = self._hf_kwargs(request.user_kwargs, request.raw)
+        refs = [(item.modality, item.index, item.value) for item in to_compute]
         clock = request.clock
         expanded_ids = None
         per_item = None
         if use_prompt:
             assert isinstance(request.prompt, str)
             try:
-                per_item, expanded_ids = self._hf_call(
+                per_item, expanded_ids = self._hf.call(
                     mode, request.prompt, items, kwargs, processor
                 )
             except WorkerProcessError:
@@ -861,14 +860,14 @@ class Processor:
                 # so precisely (PromptUpdateError), or finds the item at fault.
                 mode = dataclasses.replace(mode, media_only=True)
         if per_item is None:
-            per_item = self._run_media_only(to_compute, mode, kwargs, processor)
+            per_item = self._hf.media_only(refs, mode, kwargs, processor)
         clock.mark("hf_call")
         cacheable = True
         if request.raw and not self.normalization.to_uint8(per_item):
             # Neither raw nor trustworthy: rerun these items on the float path.
             mode = dataclasses.replace(mode, raw_pixels=False, media_only=True)
             kwargs = self._hf_kwargs(request.user_kwargs, raw=False)
-            per_item = self._run_media_only(to_compute, mode, kwargs, processor)
+            per_item = self._hf.media_only(refs, mode, kwargs, processor)
             expanded_ids = None
             cacheable = False  # their keys say "raw": never serve floats under them
         clock.mark("split")
@@ -894,104 +893,6 @@ class Processor:
             self._in_flight.release(done)
         clock.mark("cache_insert")
         return computed, expanded_ids
-
-    def _run_media_only(
-        self,
-        to_compute: list[_Item],
-        mode: ProcessingMode,
-        kwargs: Mapping[str, Any],
-        processor: Any,
-    ) -> dict[str, list[dict[str, Any]]]:
-        """The HF processor on the items with the model's dummy text, split per item. When the
-        batch fails, the item at fault is named; when every item passes alone (some processors
-        cannot batch items of different shapes), the items are processed one at a time."""
-        refs = [(item.modality, item.index, item.value) for item in to_compute]
-        try:
-            return self._call_media_only(refs, mode, kwargs, processor)
-        except WorkerProcessError:
-            raise  # the worker's fault, not an item's: no bisecting
-        except ProcessingError as exc:
-            failure = self._locate_failure(exc, refs, mode, kwargs, processor)
-            if failure is not exc or len(refs) == 1:
-                raise failure from exc
-            batch_error = exc
-        # No single item fails alone: they fail together (or every part fails, and so will
-        # they one by one: the batch's error is the one to report).
-        per_item: dict[str, list[dict[str, Any]]] = {}
-        for ref in refs:
-            try:
-                alone = self._call_media_only([ref], mode, kwargs, processor)
-            except WorkerProcessError:
-                raise
-            except ProcessingError:
-                raise batch_error from None
-            for modality, outputs in alone.items():
-                per_item.setdefault(modality, []).extend(outputs)
-        return per_item
-
-    def _call_media_only(
-        self,
-        refs: Sequence[ItemRef],
-        mode: ProcessingMode,
-        kwargs: Mapping[str, Any],
-        processor: Any,
-    ) -> dict[str, list[dict[str, Any]]]:
-        items: dict[str, list[Any]] = {}
-        for modality, _, value in refs:
-            items.setdefault(modality, []).append(value)
-        counts = {m: len(v) for m, v in items.items()}
-        text = self.model.get_dummy_text(self.ctx, counts)
-        return self._hf_call(mode, text, items, kwargs, processor)[0]
-
-    def _hf_call(
-        self,
-        mode: ProcessingMode,
-        text: str,
-        items: dict[str, list[Any]],
-        kwargs: Mapping[str, Any],
-        processor: Any,
-    ) -> tuple[dict[str, list[dict[str, Any]]], list[int] | None]:
-        """The plugin's ``process_mm_data`` on ``items``, split per item (``get_mm_fields``), and
-        the prompt's ids when the HF processor expanded ``text``: on this worker thread's clone,
-        or in its worker process."""
-        if self._processes is not None:
-            return self._processes.call(mode, text, items, kwargs)
-        outputs = self.model.process_mm_data(self.ctx, mode, text, items, processor, kwargs)
-        per_item = self._split(outputs, {m: len(v) for m, v in items.items()})
-        ids = _first_row(outputs["input_ids"]) if "input_ids" in outputs else None
-        return per_item, ids
-
-    def _split(self, outputs: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:
-        try:
-            return split_outputs(outputs, self.model.get_mm_fields(self.ctx, outputs), counts)
-        except FieldSpecError as exc:
-            raise FieldSpecError(f"{self.ctx.model_name}: {exc}") from exc
-
-    def _locate_failure(
-        self,
-        error: ProcessingError,
-        refs: Sequence[ItemRef],
-        mode: ProcessingMode,
-        kwargs: Mapping[str, Any],
-        processor: Any,
-    ) -> MmprocError:
-        """Name the request item a processor failure comes from (:mod:`mmproc.item_failures`)."""
-
-        def run(part: Sequence[ItemRef]) -> BaseException | None:
-            try:
-                self._call_media_only(part, mode, kwargs, processor)
-            except WorkerProcessError:
-                raise  # the worker died or hung: no item is to blame
-            except ProcessingError as exc:
-                return exc.__cause__ or exc
-            return None
-
-        return locate_failing_item(
-            error,
-            refs,
-            run,
-            processor_name=f"the {self.ctx.architecture} processor (plugin {self.ctx.plugin!r})",
-        )
 
     # --- stage timing ------------------------------------------------------------------------
 
@@ -1047,8 +948,3 @@ class Processor:
             f"path={self.path}, workers={self.workers}, "
             f"device_normalize={self.norm_spec is not None})"
         )
-
-
-def _first_row(ids: Any) -> list[int]:
-    rows = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-    return list(rows[0]) if rows and isinstance(rows[0], list) else list(rows)
