@@ -278,7 +278,7 @@ class Gemma4Model(_GemmaModel):
         def video(index: int) -> PromptUpdateDetails:
             pooling = processor.video_processor.pooling_kernel_size
             count = soft_token_count(videos[index]["video_position_ids"][0], pooling)
-            metadata = video_metadata(mm_items["video"][index], index, fps)
+            metadata = video_metadata(mm_items["video"][index], fps)
             inputs = {"num_soft_tokens_per_video": [count], "video_metadata": [metadata]}
             text = processor.replace_video_token(inputs, 0)
             return expansion_content(

@@ -41,7 +41,7 @@ VIDEO_FPS_OPTION = "video_fps"
 """The plugin option giving the frame rate of videos given as frames without metadata."""
 
 
-def video_metadata(video: VideoItem, index: int, fps: float | None) -> Any:
+def video_metadata(video: VideoItem, fps: float | None) -> Any:
     """transformers' ``VideoMetadata`` of a Gemma 4 video: the file's (or the caller's
     ``VideoItem.metadata``), or for bare frames the frame rate of option ``video_fps``.
 
@@ -53,7 +53,7 @@ def video_metadata(video: VideoItem, index: int, fps: float | None) -> Any:
         return video.metadata.to_transformers()
     if fps is None:
         raise ValueError(
-            f"video {index} is {video.num_frames} frames without timing: Gemma 4 stamps each "
+            f"its {video.num_frames} frames came without timing: Gemma 4 stamps each "
             "frame with its time, so give the video as a file, as a VideoItem with its "
             f"metadata, or set the plugin option {VIDEO_FPS_OPTION}= (the frames' rate)"
         )
@@ -83,15 +83,14 @@ def kept_samples(feature_extractor: Any, hf_kwargs: Mapping[str, Any]) -> int | 
 
 def warn_truncated(ctx: ModelContext, clips: Sequence[AudioItem], limit: int | None) -> None:
     """Say when transformers will keep only the start of a clip (it does so silently)."""
-    for index, clip in enumerate(clips):
+    for clip in clips:
         if limit is not None and clip.num_samples > limit:
             logger.warning(
-                "%s (plugin %r): audio clip %d is %.2f s long; the feature extractor keeps its "
-                "first %.2f s (%d samples) and drops the rest, as transformers does: split "
-                "longer audio into several clips",
+                "%s (plugin %r): an audio clip of %.2f s; the feature extractor keeps its first "
+                "%.2f s (%d samples) and drops the rest, as transformers does: split longer "
+                "audio into several clips",
                 ctx.architecture,
                 ctx.plugin,
-                index,
                 clip.duration_s,
                 limit / clip.sample_rate,
                 limit,
@@ -150,7 +149,7 @@ def call_processor(
     if videos:
         fps = ctx.option(VIDEO_FPS_OPTION)
         media["videos"] = [video.frames for video in videos]
-        media["video_metadata"] = [video_metadata(v, i, fps) for i, v in enumerate(videos)]
+        media["video_metadata"] = [video_metadata(video, fps) for video in videos]
         media["do_sample_frames"] = False  # mmproc sampled a file's frames already
     outputs: dict[str, Any] = {}
     if not mode.media_only:

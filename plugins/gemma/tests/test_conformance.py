@@ -34,3 +34,56 @@ class TestGemma3PanAndScanTorchvision(PluginConformance):
 
 class TestGemma3PanAndScanPil(TestGemma3PanAndScanTorchvision):
     processor_options: ClassVar[dict[str, Any]] = {"backend": "pil"}
+
+
+class TestGemma3nImagesTorchvision(PluginConformance):
+    plugin = "gemma"
+    model = "demo:gemma3n"
+    request_kwargs: ClassVar[dict[str, Any]] = {"size": {"height": 384, "width": 384}}
+
+
+class TestGemma3nImagesPil(TestGemma3nImagesTorchvision):
+    processor_options: ClassVar[dict[str, Any]] = {"backend": "pil"}
+
+
+class TestGemma3nAudio(PluginConformance):
+    plugin = "gemma"
+    model = "demo:gemma3n"
+    modality = "audio"
+    # transformers gives a clip of a batch of clips of other lengths frames that run past its
+    # end into the padding: its features depend on its batch, which a cached item's cannot.
+    # mmproc gives each clip what transformers gives it alone; test_gemma3n.py compares with
+    # that, clip by clip (one clip alone, and with images, the suite compares as it is).
+    compare_with_hf = False
+    # Audio carries no pixels: device normalisation (of images) does not apply to this matrix,
+    # and is not generated, as the suite leaves out what cannot apply (the image classes run it).
+    test_device_normalisation_matches_the_float_path = None
+
+
+class TestGemma4ImagesTorchvision(PluginConformance):
+    plugin = "gemma"
+    model = "demo:gemma4"
+    # The matrix's videos are bare frames: the rate transformers assumes for them, said aloud.
+    processor_options: ClassVar[dict[str, Any]] = {"video_fps": 24.0}
+    # A smaller token budget per image: fewer soft tokens, other pixels.
+    request_kwargs: ClassVar[dict[str, Any]] = {"max_soft_tokens": 70}
+
+
+class TestGemma4ImagesPil(TestGemma4ImagesTorchvision):
+    processor_options: ClassVar[dict[str, Any]] = {"video_fps": 24.0, "backend": "pil"}
+
+
+class TestGemma4Video(PluginConformance):
+    plugin = "gemma"
+    model = "demo:gemma4"
+    modality = "video"
+    processor_options: ClassVar[dict[str, Any]] = {"video_fps": 24.0}
+    request_kwargs: ClassVar[dict[str, Any]] = {"max_soft_tokens": 140}
+
+
+class TestGemma4Audio(PluginConformance):
+    plugin = "gemma"
+    model = "demo:gemma4"
+    modality = "audio"
+    processor_options: ClassVar[dict[str, Any]] = {"video_fps": 24.0}
+    test_device_normalisation_matches_the_float_path = None  # as TestGemma3nAudio
