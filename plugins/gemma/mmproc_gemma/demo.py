@@ -392,8 +392,37 @@ def build_gemma_tokenizer(
     return tokenizer
 
 
-def _token_ids(tokenizer: Any, tokens: Mapping[str, str]) -> dict[str, int]:
-    return {key: int(tokenizer.convert_tokens_to_ids(token)) for key, token in tokens.items()}
+_ARCHITECTURES = {
+    "gemma3": "Gemma3ForConditionalGeneration",
+    "gemma3n": "Gemma3nForConditionalGeneration",
+    "gemma4": "Gemma4ForConditionalGeneration",
+}
+
+
+def _write(
+    path: str | Path,
+    model_type: str,
+    tokens: tuple[Sequence[str], Mapping[str, str]],
+    config: Mapping[str, Any],
+    **files: Any,
+) -> Path:
+    """A folder of ``model_type``: its tokenizer (special ``tokens`` and the named ones),
+    ``config.json`` with ``config`` (a string value naming a token becomes its id) and the
+    ``files`` :func:`write_model_folder` writes."""
+    tokenizer = build_gemma_tokenizer(*tokens)
+    ids = {
+        key: int(tokenizer.convert_tokens_to_ids(value)) if isinstance(value, str) else value
+        for key, value in config.items()
+    }
+    text = {"model_type": f"{model_type}_text", "vocab_size": len(tokenizer)}
+    return write_model_folder(
+        path,
+        architecture=_ARCHITECTURES[model_type],
+        model_type=model_type,
+        tokenizer=tokenizer,
+        extra_config={**ids, "text_config": text},
+        **files,
+    )
 
 
 def write_gemma3_folder(path: str | Path, *, pan_and_scan: bool = False) -> Path:
@@ -403,96 +432,69 @@ def write_gemma3_folder(path: str | Path, *, pan_and_scan: bool = False) -> Path
     ``pan_and_scan`` the preprocessor settings switch pan-and-scan crops on
     (:data:`GEMMA3_PAN_AND_SCAN`), otherwise they are ``null`` as in the released file.
     """
-    tokenizer = build_gemma_tokenizer(GEMMA3_SPECIAL_TOKENS, _GEMMA3_NAMED)
-    ids = _token_ids(tokenizer, _GEMMA3_NAMED)
-    preprocessor = {**GEMMA3_PREPROCESSOR, **(GEMMA3_PAN_AND_SCAN if pan_and_scan else {})}
-    return write_model_folder(
+    config = {
+        "boi_token_index": "<start_of_image>",
+        "eoi_token_index": "<end_of_image>",
+        "image_token_index": "<image_soft_token>",
+        "mm_tokens_per_image": 256,
+        "vision_config": {"model_type": "siglip_vision_model", "image_size": 896, "patch_size": 14},
+    }
+    return _write(
         path,
-        architecture="Gemma3ForConditionalGeneration",
-        model_type="gemma3",
-        tokenizer=tokenizer,
-        preprocessor_config=preprocessor,
+        "gemma3",
+        (GEMMA3_SPECIAL_TOKENS, _GEMMA3_NAMED),
+        config,
+        preprocessor_config={
+            **GEMMA3_PREPROCESSOR,
+            **(GEMMA3_PAN_AND_SCAN if pan_and_scan else {}),
+        },
         processor_config={"image_seq_length": 256, "processor_class": "Gemma3Processor"},
         chat_template=GEMMA3_CHAT_TEMPLATE,
-        extra_config={
-            "boi_token_index": ids["boi_token"],
-            "eoi_token_index": ids["eoi_token"],
-            "image_token_index": ids["image_token"],
-            "mm_tokens_per_image": 256,
-            "text_config": {"model_type": "gemma3_text", "vocab_size": len(tokenizer)},
-            "vision_config": {
-                "model_type": "siglip_vision_model",
-                "image_size": 896,
-                "patch_size": 14,
-            },
-        },
     )
 
 
 def write_gemma3n_folder(path: str | Path) -> Path:
     """Write a tiny Gemma 3n folder (``google/gemma-3n-E4B-it``'s settings and template):
     768 x 768 SigLIP images of 256 soft tokens, 16 kHz audio of 188."""
-    tokenizer = build_gemma_tokenizer(GEMMA3N_SPECIAL_TOKENS, _GEMMA3N_NAMED)
-    ids = _token_ids(tokenizer, _GEMMA3N_NAMED)
-    return write_model_folder(
+    config = {
+        "audio_soft_tokens_per_image": 188,
+        "vision_soft_tokens_per_image": 256,
+        **{f"{name.removesuffix('_token')}_token_id": t for name, t in _GEMMA3N_NAMED.items()},
+        "vision_config": {"model_type": "gemma3n_vision"},
+        "audio_config": {"model_type": "gemma3n_audio"},
+    }
+    processor = {"audio_seq_length": 188, "image_seq_length": 256}
+    return _write(
         path,
-        architecture="Gemma3nForConditionalGeneration",
-        model_type="gemma3n",
-        tokenizer=tokenizer,
+        "gemma3n",
+        (GEMMA3N_SPECIAL_TOKENS, _GEMMA3N_NAMED),
+        config,
         preprocessor_config=GEMMA3N_PREPROCESSOR,
-        processor_config={
-            "audio_seq_length": 188,
-            "image_seq_length": 256,
-            "processor_class": "Gemma3nProcessor",
-        },
+        processor_config={**processor, "processor_class": "Gemma3nProcessor"},
         chat_template=GEMMA3N_CHAT_TEMPLATE,
-        extra_config={
-            "audio_soft_tokens_per_image": 188,
-            "audio_token_id": ids["audio_token"],
-            "boa_token_id": ids["boa_token"],
-            "boi_token_id": ids["boi_token"],
-            "eoa_token_id": ids["eoa_token"],
-            "eoi_token_id": ids["eoi_token"],
-            "image_token_id": ids["image_token"],
-            "vision_soft_tokens_per_image": 256,
-            "text_config": {"model_type": "gemma3n_text", "vocab_size": len(tokenizer)},
-            "vision_config": {"model_type": "gemma3n_vision"},
-            "audio_config": {"model_type": "gemma3n_audio"},
-        },
     )
 
 
 def write_gemma4_folder(path: str | Path) -> Path:
     """Write a tiny Gemma 4 folder: images of up to 280 soft tokens, videos of 32 frames of 70,
     16 kHz audio of one token per 40 ms (at most 750), its chat template."""
-    tokenizer = build_gemma_tokenizer(GEMMA4_SPECIAL_TOKENS, _GEMMA4_NAMED)
-    ids = _token_ids(tokenizer, {**_GEMMA4_NAMED, "video_token": "<|video|>"})
-    return write_model_folder(
+    named = {**_GEMMA4_NAMED, "video_token": "<|video|>"}
+    config: dict[str, Any] = {
+        f"{name.removesuffix('_token')}_token_id": token for name, token in named.items()
+    }
+    config["eoa_token_index"] = config.pop("eoa_token_id")  # Gemma 4's config names it so
+    config["vision_config"] = {"model_type": "gemma4_vision"}
+    config["audio_config"] = {"model_type": "gemma4_audio"}
+    processor = {"audio_ms_per_token": 40, "audio_seq_length": 750, "image_seq_length": 280}
+    return _write(
         path,
-        architecture="Gemma4ForConditionalGeneration",
-        model_type="gemma4",
-        tokenizer=tokenizer,
+        "gemma4",
+        (GEMMA4_SPECIAL_TOKENS, _GEMMA4_NAMED),
+        config,
         preprocessor_config=GEMMA4_PREPROCESSOR,
         video_preprocessor_config=GEMMA4_VIDEO_PREPROCESSOR,
-        processor_config={
-            "audio_ms_per_token": 40,
-            "audio_seq_length": 750,
-            "image_seq_length": 280,
-            "processor_class": "Gemma4Processor",
-        },
+        processor_config={**processor, "processor_class": "Gemma4Processor"},
         chat_template=GEMMA4_CHAT_TEMPLATE,
-        extra_config={
-            "audio_token_id": ids["audio_token"],
-            "boa_token_id": ids["boa_token"],
-            "boi_token_id": ids["boi_token"],
-            "eoa_token_index": ids["eoa_token"],
-            "eoi_token_id": ids["eoi_token"],
-            "image_token_id": ids["image_token"],
-            "video_token_id": ids["video_token"],
-            "text_config": {"model_type": "gemma4_text", "vocab_size": len(tokenizer)},
-            "vision_config": {"model_type": "gemma4_vision"},
-            "audio_config": {"model_type": "gemma4_audio"},
-        },
     )
 
 

@@ -48,7 +48,13 @@ from mmproc.plugin import (
 from mmproc_gemma.contents import expansion_content, soft_token_count
 from mmproc_gemma.fields import concatenated, padded
 from mmproc_gemma.loading import load_gemma_processor
-from mmproc_gemma.processing import VIDEO_FPS_OPTION, call_processor, video_metadata
+from mmproc_gemma.processing import (
+    VIDEO_FPS_OPTION,
+    clips_alone,
+    media_kwargs,
+    split_crops,
+    video_metadata,
+)
 
 __all__ = ["Gemma3Model", "Gemma3nModel", "Gemma4Model"]
 
@@ -65,6 +71,8 @@ class _GemmaModel:
     token_type_key: ClassVar[str] = "token_type_ids"
     """The name transformers' processor gives its per-token modality types."""
     options: ClassVar[tuple[str, ...]] = ("backend",)
+    crops: ClassVar[bool] = False
+    """Whether ``pixel_values`` hold each image's pan-and-scan crops after it (Gemma 3)."""
 
     @hookimpl
     def extra_options(self) -> tuple[str, ...]:
@@ -94,18 +102,26 @@ class _GemmaModel:
         processor: Any,
         hf_kwargs: Mapping[str, Any],
     ) -> Mapping[str, Any]:
-        """transformers' processor on the items (see :mod:`mmproc_gemma.processing`)."""
-        counts = {m: len(items) for m, items in mm_items.items() if m != "audio"}
-        return call_processor(
-            ctx,
-            mode,
-            prompt,
-            mm_items,
-            processor,
-            hf_kwargs,
-            visual_text=self.get_dummy_text(counts),
-            audio_text=self.placeholders.get("audio", ""),
-        )
+        """transformers' processor on the items: images and videos in one call (on the prompt,
+        or with ``mode.media_only`` the dummy text), each audio clip alone (see
+        :mod:`mmproc_gemma.processing`)."""
+        call = {"return_tensors": "pt", **hf_kwargs}
+        media = media_kwargs(mm_items, ctx.option(VIDEO_FPS_OPTION))
+        clips = list(mm_items.get("audio", ()))
+        outputs: dict[str, Any] = {}
+        if not mode.media_only:
+            audio = {"audio": [clip.waveform for clip in clips]} if clips else {}
+            outputs.update(processor(text=[prompt], **media, **audio, **call))
+        elif media:
+            counts = {m: len(items) for m, items in mm_items.items() if m != "audio"}
+            outputs.update(processor(text=[self.get_dummy_text(counts)], **media, **call))
+        if clips:
+            outputs.update(clips_alone(ctx, processor, clips, self.placeholders["audio"], call))
+        if self.crops and "images" in media:
+            outputs["pixel_values"] = split_crops(
+                processor, media["images"], outputs["pixel_values"], hf_kwargs
+            )
+        return outputs
 
     @hookimpl
     def get_prompt_outputs(
@@ -142,6 +158,7 @@ class Gemma3Model(_GemmaModel):
     folder (or the request's ``do_pan_and_scan``) asks."""
 
     placeholders: ClassVar[Mapping[str, str]] = {"image": "<start_of_image>"}
+    crops: ClassVar[bool] = True
 
     @hookimpl
     def get_mm_fields(self) -> Mapping[str, FieldSpec]:

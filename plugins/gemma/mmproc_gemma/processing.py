@@ -1,4 +1,4 @@
-"""Calling transformers' Gemma processors on a request's items (``process_mm_data``).
+"""Pieces of ``process_mm_data``: calling transformers' Gemma processors on a request's items.
 
 Images and videos go to the processor in one call. Each audio clip goes alone: the feature
 extractors pad a batch to its longest clip, and Gemma 3n's then computes frames of a shorter
@@ -18,16 +18,18 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mmproc.plugin import AudioItem, ModelContext, ProcessingMode, VideoItem
+from mmproc.plugin import AudioItem, ModelContext, VideoItem
 
 from mmproc_gemma.loading import PAN_AND_SCAN_KEYS
 
 __all__ = [
     "AUDIO_KEYS",
     "VIDEO_FPS_OPTION",
-    "call_processor",
+    "clips_alone",
     "crop_counts",
     "kept_samples",
+    "media_kwargs",
+    "split_crops",
     "video_metadata",
     "warn_truncated",
 ]
@@ -123,46 +125,36 @@ def crop_counts(processor: Any, images: Sequence[Any], hf_kwargs: Mapping[str, A
     return counts
 
 
-def call_processor(
-    ctx: ModelContext,
-    mode: ProcessingMode,
-    prompt: str,
-    mm_items: Mapping[str, Sequence[Any]],
-    processor: Any,
-    hf_kwargs: Mapping[str, Any],
-    *,
-    visual_text: str,
-    audio_text: str,
-) -> dict[str, Any]:
-    """The processor's outputs for the items (see the module docs).
-
-    ``visual_text`` is the dummy text of the request's images and videos (used with
-    ``mode.media_only``), ``audio_text`` the placeholder of one clip.
-    """
-    images = list(mm_items.get("image", ()))
-    videos: list[VideoItem] = list(mm_items.get("video", ()))
-    clips: list[AudioItem] = list(mm_items.get("audio", ()))
-    call = {"return_tensors": "pt", **hf_kwargs}
+def media_kwargs(mm_items: Mapping[str, Sequence[Any]], video_fps: float | None) -> dict[str, Any]:
+    """The processor's keywords for a request's images and videos (a video's frames as they
+    are, with their metadata: mmproc sampled a file's frames already)."""
     media: dict[str, Any] = {}
-    if images:
+    if images := list(mm_items.get("image", ())):
         media["images"] = images
-    if videos:
-        fps = ctx.option(VIDEO_FPS_OPTION)
+    if videos := list(mm_items.get("video", ())):
         media["videos"] = [video.frames for video in videos]
-        media["video_metadata"] = [video_metadata(video, fps) for video in videos]
-        media["do_sample_frames"] = False  # mmproc sampled a file's frames already
-    outputs: dict[str, Any] = {}
-    if not mode.media_only:
-        audio = {"audio": [clip.waveform for clip in clips]} if clips else {}
-        outputs.update(processor(text=[prompt], **media, **audio, **call))
-    elif media:
-        outputs.update(processor(text=[visual_text], **media, **call))
-    if clips:
-        warn_truncated(ctx, clips, kept_samples(processor.feature_extractor, hf_kwargs))
-        alone = [processor(text=[audio_text], audio=[clip.waveform], **call) for clip in clips]
-        for key in AUDIO_KEYS:
-            outputs[key] = [one[key][0] for one in alone]
-    if images and type(processor).__name__ == "Gemma3Processor":
-        sizes = [1 + crops for crops in crop_counts(processor, images, hf_kwargs)]
-        outputs["pixel_values"] = list(outputs["pixel_values"].split(sizes))
-    return outputs
+        media["video_metadata"] = [video_metadata(video, video_fps) for video in videos]
+        media["do_sample_frames"] = False
+    return media
+
+
+def clips_alone(
+    ctx: ModelContext,
+    processor: Any,
+    clips: Sequence[AudioItem],
+    text: str,
+    call: Mapping[str, Any],
+) -> dict[str, list[Any]]:
+    """Each clip's audio outputs, the processor run on the clip alone (on ``text``, the
+    placeholder of one clip, with ``call``'s keywords)."""
+    warn_truncated(ctx, clips, kept_samples(processor.feature_extractor, call))
+    alone = [processor(text=[text], audio=[clip.waveform], **call) for clip in clips]
+    return {key: [one[key][0] for one in alone] for key in AUDIO_KEYS}
+
+
+def split_crops(
+    processor: Any, images: Sequence[Any], pixel_values: Any, hf_kwargs: Mapping[str, Any]
+) -> list[Any]:
+    """Gemma 3's ``pixel_values`` per image: the image and its crops (views)."""
+    sizes = [1 + crops for crops in crop_counts(processor, images, hf_kwargs)]
+    return list(pixel_values.split(sizes))

@@ -3,14 +3,17 @@ per session, transformers' processors built on them without the plugin (the refe
 comparison of mmproc's result with theirs.
 
 The test modules get the helpers through the ``gemma`` fixture (pytest imports test modules by
-path here, so they cannot import this module), and the backend matrix through ``backend`` and
-``combo_key``."""
+path here, so they cannot import this module), the backend matrix through ``backend``,
+``combo_key`` and ``combo``, and their family's folder, references and processors through
+``folder``, ``references`` and ``processors`` (a module names its family in ``FAMILY``)."""
 
 from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +130,91 @@ class Helpers:
         )
 
     @staticmethod
+    def process_like_hf(
+        processor: Any,
+        reference: Any,
+        family: str,
+        prompt: str,
+        mm_data: Mapping[str, Sequence[Any]],
+        *,
+        normalised: bool | None = None,
+        **hf_kwargs: Any,
+    ) -> mmproc.ProcessedInputs:
+        """mmproc's result for a request (with ``hf_kwargs``), checked against transformers' for
+        the same request."""
+        out = processor.process(prompt, mm_data, hf_kwargs=hf_kwargs or None)
+        hf = call_hf_processor(reference, prompt, mm_data, **hf_kwargs)
+        Helpers.assert_like_hf(out, hf, family, reference.tokenizer, normalised=normalised)
+        return out
+
+    @staticmethod
+    def one_clip(
+        processors: Any, references: Any, family: str, prompt: str, seconds: float, seed: int
+    ) -> mmproc.ProcessedInputs:
+        """A request of one 16 kHz clip of ``seconds`` (torchvision, uint8 pixels), checked
+        against transformers."""
+        mm_data = {"audio": [(Helpers.tone(seconds, seed=seed), 16000)]}
+        processor, reference = processors[("torchvision", True)], references["torchvision"]
+        return Helpers.process_like_hf(processor, reference, family, prompt, mm_data)
+
+    @staticmethod
+    def chat_like_hf(
+        processor: Any, family: str, messages: list[dict[str, Any]]
+    ) -> mmproc.ProcessedInputs:
+        """``process_chat`` of OpenAI-style ``messages`` (image_url, audio_url, input_audio
+        parts), checked against transformers: its template rendered on the messages with each
+        media part as ``{"type": ...}``, its processor on the parts' media as mmproc decodes
+        them, tokenized as ``apply_chat_template`` tokenizes (the template writes the BOS)."""
+        from mmproc.inputs import parse_mm_data
+
+        out = processor.process_chat(messages)
+        sources: dict[str, list[Any]] = {"image": [], "audio": []}
+        theirs = []
+        for message in messages:
+            content = message["content"]
+            if isinstance(content, list):
+                content = [Helpers._as_hf_part(part, sources) for part in content]
+            theirs.append({**message, "content": content})
+        hf_processor = processor.hf_processor
+        text = hf_processor.apply_chat_template(theirs, add_generation_prompt=True, tokenize=False)
+        decoded = parse_mm_data({m: v for m, v in sources.items() if v}, media=processor.media)
+        media: dict[str, Any] = {}
+        if decoded.get("image"):
+            media["images"] = decoded["image"]
+        if decoded.get("audio"):
+            media["audio"] = [clip.waveform for clip in decoded["audio"]]
+        hf = hf_processor(text=[text], **media, return_tensors="pt", add_special_tokens=False)
+        Helpers.assert_like_hf(out, hf, family, hf_processor.tokenizer)
+        return out
+
+    @staticmethod
+    def _as_hf_part(part: dict[str, Any], sources: dict[str, list[Any]]) -> dict[str, Any]:
+        """A media part as transformers' templates take it; its source noted in ``sources``."""
+        kind = part["type"]
+        if kind in ("image_url", "audio_url"):
+            modality = kind.removesuffix("_url")
+            sources[modality].append(part[kind]["url"])
+            return {"type": modality}
+        if kind == "input_audio":
+            audio = part["input_audio"]
+            sources["audio"].append(f"data:audio/{audio['format']};base64,{audio['data']}")
+            return {"type": "audio"}
+        return part
+
+    @staticmethod
+    def long_clip(
+        processor: Any, reference: Any, family: str, prompt: str, seconds: float, caplog: Any
+    ) -> mmproc.ProcessedInputs:
+        """A request of one clip over 30 s, checked against transformers (which keeps its first
+        30 s); the log must say that the rest is dropped."""
+        clip = (Helpers.tone(seconds, seed=3), 16000)
+        with caplog.at_level(logging.WARNING, logger="mmproc_gemma"):
+            out = Helpers.process_like_hf(processor, reference, family, prompt, {"audio": [clip]})
+        said = f"an audio clip of {seconds:.2f} s; the feature extractor keeps its first 30.00 s"
+        assert said in caplog.text
+        return out
+
+    @staticmethod
     def hf_with_clips_alone(
         reference: Any, prompt: str, mm_data: Mapping[str, Sequence[Any]], **kwargs: Any
     ) -> dict[str, Any]:
@@ -163,28 +251,57 @@ class Helpers:
         return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-@pytest.fixture(scope="session")
-def gemma3_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ``gemma3`` demo model (pan-and-scan ``null`` in its settings, as released)."""
-    return write_gemma3_folder(tmp_path_factory.mktemp("gemma3") / "hub")
+_WRITERS: dict[str, Callable[[Path], Path]] = {
+    "gemma3": write_gemma3_folder,
+    "gemma3-pan-and-scan": lambda path: write_gemma3_folder(path, pan_and_scan=True),
+    "gemma3n": write_gemma3n_folder,
+    "gemma4": write_gemma4_folder,
+}
 
 
 @pytest.fixture(scope="session")
-def gemma3_pan_and_scan_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ``gemma3-pan-and-scan`` demo model: the folder switches pan-and-scan on."""
-    return write_gemma3_folder(tmp_path_factory.mktemp("gemma3") / "pas", pan_and_scan=True)
+def folders(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``folders(name)``: the demo model ``name`` (``"gemma3"``, ``"gemma3-pan-and-scan"``,
+    ``"gemma3n"``, ``"gemma4"``), written once per session."""
+    written: dict[str, Path] = {}
+
+    def folder(name: str) -> Path:
+        if name not in written:
+            written[name] = _WRITERS[name](tmp_path_factory.mktemp(name) / "hub")
+        return written[name]
+
+    return folder
 
 
-@pytest.fixture(scope="session")
-def gemma3n_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ``gemma3n`` demo model."""
-    return write_gemma3n_folder(tmp_path_factory.mktemp("gemma3n") / "hub")
+@pytest.fixture(scope="module")
+def folder(request: pytest.FixtureRequest, folders: Callable[[str], Path]) -> Path:
+    """The folder of the test module's ``FAMILY``."""
+    return folders(request.module.FAMILY)
 
 
-@pytest.fixture(scope="session")
-def gemma4_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ``gemma4`` demo model."""
-    return write_gemma4_folder(tmp_path_factory.mktemp("gemma4") / "hub")
+@pytest.fixture(scope="module")
+def references(request: pytest.FixtureRequest, folder: Path) -> dict[str, Any]:
+    """Backend -> transformers' processor of the module's ``FAMILY``, built without the plugin."""
+    family = request.module.FAMILY
+    return {backend: Helpers.build_reference(folder, family, backend) for backend in BACKENDS}
+
+
+@pytest.fixture(scope="module")
+def processors(folder: Path) -> Iterator[dict[tuple[str, bool], mmproc.Processor]]:
+    """(backend, device_normalize) -> mmproc's processor of the module's folder."""
+    with ExitStack() as stack:
+        yield {
+            key: stack.enter_context(
+                mmproc.get_processor(folder, backend=key[0], device_normalize=key[1])
+            )
+            for key in COMBOS
+        }
+
+
+@pytest.fixture
+def combo(combo_key: tuple[str, bool], processors: Any, references: Any) -> Any:
+    """(mmproc's processor, transformers' processor, device_normalize) for one pair."""
+    return processors[combo_key], references[combo_key[0]], combo_key[1]
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,6 @@ normalisation) and as floats (equal).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import pytest
 import torch
 from mmproc.testing import call_hf_processor, noise_image
 
+FAMILY = "gemma3"
 BOI = "<start_of_image>"
 PAN_AND_SCAN = {
     "do_pan_and_scan": True,
@@ -31,26 +30,9 @@ PAN_AND_SCAN = {
 
 
 @pytest.fixture(scope="module")
-def references(gemma: Any, gemma3_folder: Path) -> dict[str, Any]:
-    return {b: gemma.build_reference(gemma3_folder, "gemma3", b) for b in gemma.BACKENDS}
-
-
-@pytest.fixture(scope="module")
-def processors(gemma: Any, gemma3_folder: Path) -> Iterator[dict[tuple[str, bool], Any]]:
-    with ExitStack() as stack:
-        yield {
-            (backend, norm): stack.enter_context(
-                mmproc.get_processor(gemma3_folder, backend=backend, device_normalize=norm)
-            )
-            for backend in gemma.BACKENDS
-            for norm in (True, False)
-        }
-
-
-@pytest.fixture
-def combo(combo_key: tuple[str, bool], processors: Any, references: Any) -> Any:
-    """(mmproc processor, transformers' processor, device_normalize) for one pair."""
-    return processors[combo_key], references[combo_key[0]], combo_key[1]
+def pan_and_scan(folders: Any) -> Path:
+    """The folder that switches pan-and-scan on (its own settings are the recommended ones)."""
+    return folders("gemma3-pan-and-scan")
 
 
 def test_odd_sizes_and_modes_match_transformers(gemma: Any, combo: Any) -> None:
@@ -81,7 +63,7 @@ SEAMS = [
 
 @pytest.mark.parametrize("prompt", SEAMS)
 def test_the_newlines_around_each_image_merge_with_the_prompt_as_transformers_tokenizes_them(
-    gemma: Any, gemma3_folder: Path, processors: Any, references: Any, prompt: str
+    gemma: Any, folder: Path, processors: Any, references: Any, prompt: str
 ) -> None:
     images = [noise_image(40 + 30 * i, 60, seed=200 + i) for i in range(prompt.count(BOI))]
     processor, reference = processors[("torchvision", True)], references["torchvision"]
@@ -90,7 +72,7 @@ def test_the_newlines_around_each_image_merge_with_the_prompt_as_transformers_to
     gemma.assert_like_hf(text, hf, "gemma3", reference.tokenizer, normalised=True)
     ids = processor.process(reference.tokenizer(prompt)["input_ids"], {"image": images})
     assert ids.prompt_token_ids == text.prompt_token_ids
-    with mmproc.get_processor(gemma3_folder, hf_prompt_expansion=True) as expanding:
+    with mmproc.get_processor(folder, hf_prompt_expansion=True) as expanding:
         expanded = expanding.process(prompt, {"image": images})
     assert expanded.prompt_token_ids == text.prompt_token_ids
     assert [f.placeholder for f in expanded.features] == [f.placeholder for f in text.features]
@@ -168,16 +150,16 @@ def test_the_chat_path_gives_what_apply_chat_template_gives(gemma: Any, processo
 
 def test_transformers_ignores_the_folders_pan_and_scan_and_mmproc_serves_it(
     gemma: Any,
-    gemma3_pan_and_scan_folder: Path,
+    pan_and_scan: Path,
 ) -> None:
     image = noise_image(1200, 400, seed=400)
     prompt = f"<start_of_turn>user\n{BOI}Read it.<end_of_turn>"
     for backend in gemma.BACKENDS:
-        reference = gemma.build_reference(gemma3_pan_and_scan_folder, "gemma3", backend)
+        reference = gemma.build_reference(pan_and_scan, "gemma3", backend)
         assert reference.image_processor.do_pan_and_scan is True  # the folder says so ...
         ignored = call_hf_processor(reference, prompt, {"image": [image]})
         assert ignored["pixel_values"].shape[0] == 1  # ... and transformers makes no crops
-        with mmproc.get_processor(gemma3_pan_and_scan_folder, backend=backend) as processor:
+        with mmproc.get_processor(pan_and_scan, backend=backend) as processor:
             out = processor.process(prompt, {"image": [image]})
         hf = call_hf_processor(reference, prompt, {"image": [image]}, **PAN_AND_SCAN)
         assert hf["pixel_values"].shape[0] == 4
@@ -187,9 +169,9 @@ def test_transformers_ignores_the_folders_pan_and_scan_and_mmproc_serves_it(
 
 
 def test_an_image_and_its_crops_are_one_item_with_one_range(
-    gemma3_pan_and_scan_folder: Path,
+    pan_and_scan: Path,
 ) -> None:
-    with mmproc.get_processor(gemma3_pan_and_scan_folder) as processor:
+    with mmproc.get_processor(pan_and_scan) as processor:
         tokenizer = processor.hf_processor.tokenizer
         out = processor.process(
             f"<start_of_turn>user\n{BOI}{BOI}Compare.",
@@ -225,12 +207,12 @@ def test_an_image_and_its_crops_are_one_item_with_one_range(
     ],
 )
 def test_crops_start_at_an_aspect_ratio_of_1_2_and_are_never_under_256_pixels(
-    gemma: Any, gemma3_pan_and_scan_folder: Path, size: tuple[int, int], crops: int
+    gemma: Any, pan_and_scan: Path, size: tuple[int, int], crops: int
 ) -> None:
     image = noise_image(*size, seed=410)
-    reference = gemma.build_reference(gemma3_pan_and_scan_folder, "gemma3", "pil")
+    reference = gemma.build_reference(pan_and_scan, "gemma3", "pil")
     hf = call_hf_processor(reference, BOI, {"image": [image]}, **PAN_AND_SCAN)
-    with mmproc.get_processor(gemma3_pan_and_scan_folder, backend="pil") as processor:
+    with mmproc.get_processor(pan_and_scan, backend="pil") as processor:
         out = processor.process(BOI, {"image": [image]})
     assert out.features[0].data["pixel_values"].shape[0] == 1 + crops
     gemma.assert_like_hf(out, hf, "gemma3", reference.tokenizer, normalised=True)

@@ -11,9 +11,6 @@ past its end into the padding, so they would depend on the batch).
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -25,29 +22,8 @@ from mmproc.inputs import parse_mm_data
 from mmproc.testing import call_hf_processor, noise_image
 
 IMAGE, AUDIO = "<image_soft_token>", "<audio_soft_token>"
+FAMILY = "gemma3n"
 TURN = "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"
-
-
-@pytest.fixture(scope="module")
-def references(gemma: Any, gemma3n_folder: Path) -> dict[str, Any]:
-    return {b: gemma.build_reference(gemma3n_folder, "gemma3n", b) for b in gemma.BACKENDS}
-
-
-@pytest.fixture(scope="module")
-def processors(gemma: Any, gemma3n_folder: Path) -> Iterator[dict[tuple[str, bool], Any]]:
-    with ExitStack() as stack:
-        yield {
-            (backend, norm): stack.enter_context(
-                mmproc.get_processor(gemma3n_folder, backend=backend, device_normalize=norm)
-            )
-            for backend in gemma.BACKENDS
-            for norm in (True, False)
-        }
-
-
-@pytest.fixture
-def combo(combo_key: tuple[str, bool], processors: Any, references: Any) -> Any:
-    return processors[combo_key], references[combo_key[0]], combo_key[1]
 
 
 def test_images_of_odd_sizes_and_any_mode_match_transformers_converting_to_rgb(
@@ -79,12 +55,8 @@ def test_transformers_alone_passes_grayscale_on_with_one_channel(references: Any
 def test_an_audio_clip_is_188_tokens_and_its_features_are_transformers(
     gemma: Any, processors: Any, references: Any, seconds: float
 ) -> None:
-    processor, reference = processors[("torchvision", True)], references["torchvision"]
-    clip = (gemma.tone(seconds, seed=int(seconds * 100)), 16000)
     prompt = TURN.format(f"{AUDIO}Transcribe.")
-    out = processor.process(prompt, {"audio": [clip]})
-    hf = call_hf_processor(reference, prompt, {"audio": [clip]})
-    gemma.assert_like_hf(out, hf, "gemma3n", reference.tokenizer)
+    out = gemma.one_clip(processors, references, FAMILY, prompt, seconds, int(seconds * 100))
     (feature,) = out.features
     assert feature.placeholder.embed_count == 188 and feature.placeholder.length == 190
 
@@ -93,15 +65,9 @@ def test_a_clip_over_30_seconds_is_cut_as_transformers_cuts_it_and_the_log_says_
     gemma: Any, processors: Any, references: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     processor, reference = processors[("pil", False)], references["pil"]
-    clip = (gemma.tone(31.5, seed=7), 16000)
-    with caplog.at_level(logging.WARNING, logger="mmproc_gemma"):
-        out = processor.process(AUDIO, {"audio": [clip]})
-    assert "an audio clip of 31.50 s; the feature extractor keeps its first 30.00 s" in (
-        caplog.text
-    )
-    hf = call_hf_processor(reference, AUDIO, {"audio": [clip]})
-    gemma.assert_like_hf(out, hf, "gemma3n", reference.tokenizer)
-    same = processor.process(AUDIO, {"audio": [(clip[0][:480000], 16000)]})
+    out = gemma.long_clip(processor, reference, FAMILY, AUDIO, 31.5, caplog)
+    first = gemma.tone(31.5, seed=3)[:480000]  # the same clip's first 30 s
+    same = processor.process(AUDIO, {"audio": [(first, 16000)]})
     assert torch.equal(
         same.features[0].data["input_features"], out.features[0].data["input_features"]
     )
@@ -126,7 +92,7 @@ def test_each_clip_of_several_gets_what_transformers_gives_it_alone(
 
 
 def test_images_and_clips_together_match_on_every_path(
-    gemma: Any, gemma3n_folder: Path, combo: Any, combo_key: tuple[str, bool]
+    gemma: Any, folder: Path, combo: Any, combo_key: tuple[str, bool]
 ) -> None:
     processor, reference, norm = combo
     images = [noise_image(640, 480, seed=600), noise_image(30, 90, "L", seed=601)]
@@ -142,7 +108,7 @@ def test_images_and_clips_together_match_on_every_path(
     ids = processor.process(reference.tokenizer(prompt)["input_ids"], mm_data)
     assert ids.prompt_token_ids == out.prompt_token_ids
     with mmproc.get_processor(
-        gemma3n_folder, backend=combo_key[0], device_normalize=norm, hf_prompt_expansion=True
+        folder, backend=combo_key[0], device_normalize=norm, hf_prompt_expansion=True
     ) as expanding:
         expanded = expanding.process(prompt, mm_data)
     assert expanded.prompt_token_ids == out.prompt_token_ids
@@ -180,25 +146,5 @@ def test_the_chat_path_gives_what_apply_chat_template_gives(gemma: Any, processo
             ],
         }
     ]
-    out = processor.process_chat(ours)
-    hf_processor = processor.hf_processor
-    theirs = [
-        {
-            "role": "user",
-            "content": [
-                {"type": "image"},
-                {"type": "audio"},
-                {"type": "text", "text": "What do you see and hear?"},
-            ],
-        }
-    ]
-    text = hf_processor.apply_chat_template(theirs, add_generation_prompt=True, tokenize=False)
-    (decoded,) = parse_mm_data({"audio": [url]}, media=processor.media)["audio"]  # the WAV's
-    hf = hf_processor(
-        text=[text],
-        images=[image],
-        audio=[decoded.waveform],
-        return_tensors="pt",
-        add_special_tokens=False,  # apply_chat_template's: the template writes the BOS
-    )
-    gemma.assert_like_hf(out, hf, "gemma3n", hf_processor.tokenizer, normalised=False)
+    out = gemma.chat_like_hf(processor, FAMILY, ours)
+    assert [f.modality for f in out.features] == ["image", "audio"]

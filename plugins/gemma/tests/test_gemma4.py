@@ -9,10 +9,7 @@ the frames mmproc sampled and their metadata for videos.
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -26,29 +23,8 @@ from mmproc.testing import call_hf_processor, noise_image, noise_video
 from mmproc.testing.samples import encode_video, numbered_frames
 
 IMAGE, VIDEO, AUDIO = "<|image|>", "<|video|>", "<|audio|>"
+FAMILY = "gemma4"
 TURN = "<|turn>user\n{}<turn|>\n<|turn>model\n"
-
-
-@pytest.fixture(scope="module")
-def references(gemma: Any, gemma4_folder: Path) -> dict[str, Any]:
-    return {b: gemma.build_reference(gemma4_folder, "gemma4", b) for b in gemma.BACKENDS}
-
-
-@pytest.fixture(scope="module")
-def processors(gemma: Any, gemma4_folder: Path) -> Iterator[dict[tuple[str, bool], Any]]:
-    with ExitStack() as stack:
-        yield {
-            (backend, norm): stack.enter_context(
-                mmproc.get_processor(gemma4_folder, backend=backend, device_normalize=norm)
-            )
-            for backend in gemma.BACKENDS
-            for norm in (True, False)
-        }
-
-
-@pytest.fixture
-def combo(combo_key: tuple[str, bool], processors: Any, references: Any) -> Any:
-    return processors[combo_key], references[combo_key[0]], combo_key[1]
 
 
 @pytest.fixture(scope="module")
@@ -188,17 +164,17 @@ def test_a_video_given_with_its_metadata_gets_its_times(
 
 
 def test_bare_frames_are_refused_without_their_rate_and_taken_with_it(
-    gemma: Any, gemma4_folder: Path, references: Any
+    gemma: Any, folder: Path, references: Any
 ) -> None:
     frames = noise_video(3, 64, 48, seed=730)
     timed = VideoItem(frames, metadata_of(frames, 2.0))
-    with mmproc.get_processor(gemma4_folder) as processor:
+    with mmproc.get_processor(folder) as processor:
         with pytest.raises(MediaItemError, match=r"video item 1: .*video_fps") as info:
             processor.process(f"{VIDEO}{VIDEO}", {"video": [timed, frames[:2]]})
         assert (info.value.modality, info.value.index) == ("video", 1)
         assert processor.process(IMAGE, {"image": [noise_image(32, 32)]}).features
     reference = references["torchvision"]
-    with mmproc.get_processor(gemma4_folder, video_fps=1.0) as processor:
+    with mmproc.get_processor(folder, video_fps=1.0) as processor:
         out = processor.process(VIDEO, {"video": [frames]})
     hf = reference(
         text=[VIDEO],
@@ -218,16 +194,12 @@ def test_bare_frames_are_refused_without_their_rate_and_taken_with_it(
 def test_a_clips_token_count_is_one_per_40_ms_as_transformers_counts(
     gemma: Any, processors: Any, references: Any, seconds: float
 ) -> None:
-    processor, reference = processors[("torchvision", True)], references["torchvision"]
-    clip = (gemma.tone(seconds, seed=int(seconds * 10)), 16000)
     prompt = TURN.format(f"\n\n{AUDIO}\n\nTranscribe.")
-    out = processor.process(prompt, {"audio": [clip]})
-    hf = call_hf_processor(reference, prompt, {"audio": [clip]})
-    gemma.assert_like_hf(out, hf, "gemma4", reference.tokenizer)
+    out = gemma.one_clip(processors, references, FAMILY, prompt, seconds, int(seconds * 10))
     count = out.features[0].placeholder.embed_count
     # One token per 4 mel frames (20 ms every 10 ms; two stride-2 convolutions): about one per
     # 40 ms, ceil(ms / 40) or one fewer (a frame needs its whole 20 ms); none under 20 ms.
-    samples = len(clip[0])
+    samples = round(seconds * 16000)
     frames = (samples - 161) // 160 + 1 if samples > 160 else 0
     assert count == math.ceil(frames / 4)
     assert math.ceil(seconds * 1000 / 40) - count in (0, 1)
@@ -237,12 +209,7 @@ def test_a_clip_over_30_seconds_is_750_tokens_of_its_first_30_and_the_log_says_s
     gemma: Any, processors: Any, references: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     processor, reference = processors[("pil", True)], references["pil"]
-    clip = (gemma.tone(33.0, seed=3), 16000)
-    with caplog.at_level(logging.WARNING, logger="mmproc_gemma"):
-        out = processor.process(AUDIO, {"audio": [clip]})
-    assert "an audio clip of 33.00 s; the feature extractor keeps its first 30.00 s" in caplog.text
-    hf = call_hf_processor(reference, AUDIO, {"audio": [clip]})
-    gemma.assert_like_hf(out, hf, "gemma4", reference.tokenizer)
+    out = gemma.long_clip(processor, reference, FAMILY, AUDIO, 33.0, caplog)
     assert out.features[0].placeholder.embed_count == 750
 
 
@@ -264,7 +231,7 @@ def test_several_clips_are_padded_as_transformers_pads_them_and_split_by_their_m
 
 
 def test_images_videos_and_clips_together_match_on_every_path(
-    gemma: Any, gemma4_folder: Path, combo: Any, combo_key: tuple[str, bool]
+    gemma: Any, folder: Path, combo: Any, combo_key: tuple[str, bool]
 ) -> None:
     _, reference, norm = combo
     images = [noise_image(500, 300, seed=740), noise_image(20, 200, "L", seed=741)]
@@ -276,10 +243,10 @@ def test_images_videos_and_clips_together_match_on_every_path(
     metadata = [frames_metadata(v, 2.0) for v in videos]
     with (
         mmproc.get_processor(
-            gemma4_folder, backend=combo_key[0], device_normalize=norm, video_fps=2.0
+            folder, backend=combo_key[0], device_normalize=norm, video_fps=2.0
         ) as ours,
         mmproc.get_processor(
-            gemma4_folder,
+            folder,
             backend=combo_key[0],
             device_normalize=norm,
             video_fps=2.0,
@@ -303,7 +270,6 @@ def test_images_videos_and_clips_together_match_on_every_path(
 
 def test_the_chat_path_gives_what_apply_chat_template_gives(gemma: Any, processors: Any) -> None:
     processor = processors[("torchvision", False)]
-    hf_processor = processor.hf_processor
     image = noise_image(300, 200, seed=750)
     url = gemma.wav_url(gemma.tone(1.7, seed=751), 16000)
     ours = [
@@ -318,26 +284,5 @@ def test_the_chat_path_gives_what_apply_chat_template_gives(gemma: Any, processo
             ],
         },
     ]
-    out = processor.process_chat(ours)
-    theirs = [
-        ours[0],
-        {
-            "role": "user",
-            "content": [
-                {"type": "text", "text": "Look:"},
-                {"type": "image"},
-                {"type": "audio"},
-                {"type": "text", "text": "Same thing?"},
-            ],
-        },
-    ]
-    text = hf_processor.apply_chat_template(theirs, add_generation_prompt=True, tokenize=False)
-    (decoded,) = parse_mm_data({"audio": [url]}, media=processor.media)["audio"]
-    hf = hf_processor(
-        text=[text],
-        images=[image],
-        audio=[decoded.waveform],
-        return_tensors="pt",
-        add_special_tokens=False,  # apply_chat_template's: the template writes the BOS
-    )
-    gemma.assert_like_hf(out, hf, "gemma4", hf_processor.tokenizer, normalised=False)
+    out = gemma.chat_like_hf(processor, FAMILY, ours)
+    assert [f.modality for f in out.features] == ["image", "audio"]
