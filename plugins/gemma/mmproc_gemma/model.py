@@ -32,6 +32,7 @@ from mmproc.plugin import (
     AudioFormat,
     BatchedField,
     ChannelLayout,
+    ConfigurationError,
     FieldSpec,
     FlatField,
     MediaFormat,
@@ -73,6 +74,8 @@ class _GemmaModel:
     options: ClassVar[tuple[str, ...]] = ("backend",)
     crops: ClassVar[bool] = False
     """Whether ``pixel_values`` hold each image's pan-and-scan crops after it (Gemma 3)."""
+    fixed_kwargs: ClassVar[tuple[str, ...]] = ()
+    """Processor keywords a request may not set."""
 
     @hookimpl
     def extra_options(self) -> tuple[str, ...]:
@@ -105,6 +108,11 @@ class _GemmaModel:
         """transformers' processor on the items: images and videos in one call (on the prompt,
         or with ``mode.media_only`` the dummy text), each audio clip alone (see
         :mod:`mmproc_gemma.processing`)."""
+        if fixed := [key for key in self.fixed_kwargs if key in hf_kwargs]:
+            raise ConfigurationError(
+                f"{ctx.architecture} (plugin {ctx.plugin!r}): {', '.join(fixed)} cannot change "
+                "per request (an item's token count is read with the processor's own)"
+            )
         call = {"return_tensors": "pt", **hf_kwargs}
         media = media_kwargs(mm_items, ctx.option(VIDEO_FPS_OPTION))
         clips = list(mm_items.get("audio", ()))
@@ -242,6 +250,8 @@ class Gemma4Model(_GemmaModel):
     }
     token_type_key: ClassVar[str] = "mm_token_type_ids"
     options: ClassVar[tuple[str, ...]] = ("backend", VIDEO_FPS_OPTION)
+    # The soft token counts are real patches over the pooling area: read with the processors'.
+    fixed_kwargs: ClassVar[tuple[str, ...]] = ("patch_size", "pooling_kernel_size")
 
     @hookimpl
     def extra_options(self) -> tuple[str, ...]:

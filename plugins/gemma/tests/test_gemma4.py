@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 import torch
 from mmproc.inputs import parse_mm_data
-from mmproc.plugin import MediaItemError, VideoItem, VideoMetadata, hf_video_kwargs
+from mmproc.plugin import (
+    ConfigurationError,
+    MediaItemError,
+    VideoItem,
+    VideoMetadata,
+    hf_video_kwargs,
+)
 from mmproc.testing import call_hf_processor, noise_image, noise_video
 from mmproc.testing.samples import encode_video, numbered_frames
 
@@ -105,6 +111,13 @@ def test_a_max_soft_tokens_transformers_refuses_fails_the_request_and_the_next_i
     # 64 x 64 is resized to fill the default budget of 280 (here 16 x 16 patches of 16 pixels
     # over 3 x 3: 256 soft tokens).
     assert processor.process(IMAGE, {"image": [image]}).features[0].placeholder.embed_count == 256
+
+
+def test_a_request_may_not_change_the_patch_or_pooling_size(processors: Any) -> None:
+    processor = processors[("pil", True)]
+    for kwargs in ({"pooling_kernel_size": 2}, {"patch_size": 14}):
+        with pytest.raises(ConfigurationError, match="cannot change per request"):
+            processor.process(IMAGE, {"image": [noise_image(64, 64, seed=711)]}, hf_kwargs=kwargs)
 
 
 # --- video -------------------------------------------------------------------------------------
