@@ -24,7 +24,6 @@ model's processor (chat requests, like transformers' ``apply_chat_template``, ge
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -58,8 +57,6 @@ from mmproc_gemma.processing import (
 )
 
 __all__ = ["Gemma3Model", "Gemma3nModel", "Gemma4Model"]
-
-logger = logging.getLogger(__name__)
 
 _TOKEN_TYPES = (("image_token_ids", 1), ("video_token_ids", 2), ("audio_token_ids", 3))
 
