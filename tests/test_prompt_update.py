@@ -547,6 +547,173 @@ def test_apply_then_find_round_trip(filler: list[list[int]], sizes: Sequence[int
     assert find_placeholder_ranges(out, [update], {"image": n}) == ph
 
 
+# --- contents whose edges merge with the prompt ------------------------------------------------
+
+BOI, SOFT, EOI = "<boi>", "<soft>", "<eoi>"
+
+
+@pytest.fixture(scope="module")
+def nl_tok() -> Tokenizer:
+    """A tiny real BPE tokenizer that tokenizes as Gemma's does at an image's edges: one token for
+    every run of up to four newlines (``"\n\n\n"`` is one token), a ``":\n\n"`` that fuses the
+    newlines with the text before them, and ``<boi>``, ``<soft>``, ``<eoi>`` as added tokens."""
+    from tokenizers import AddedToken, decoders, models
+    from tokenizers import Tokenizer as RawTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0}
+    for ch in "abcdefghijklmnopqrstuvwxyz :.\n":
+        vocab[ch] = len(vocab)
+    merges = [("\n", "\n"), ("\n\n", "\n"), ("\n\n", "\n\n"), (":", "\n\n"), ("h", "i")]
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    raw = RawTokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
+    raw.decoder = decoders.Fuse()
+    raw.add_special_tokens([AddedToken(t, special=True) for t in (BOI, SOFT, EOI, "<bos>")])
+    return PreTrainedTokenizerFast(tokenizer_object=raw)
+
+
+def gemma_image(tok: Tokenizer, soft: int = 3) -> PromptReplacement:
+    """Gemma 3's update: ``<boi>`` becomes ``"\n\n" <boi> <soft>*n <eoi> "\n\n"``, the newlines
+    merging with the prompt around it."""
+    boi, s, eoi = one(tok, BOI), one(tok, SOFT), one(tok, EOI)
+    details = PromptUpdateDetails.select_token_id([boi, *[s] * soft, eoi], s)
+    return PromptReplacement("image", [boi], details.with_merges(before="\n\n", after="\n\n"))
+
+
+def substituted(text: str, soft: int = 3) -> str:
+    """What an HF processor tokenizes: every ``<boi>`` of ``text`` substituted as text."""
+    return text.replace(BOI, f"\n\n{BOI}{SOFT * soft}{EOI}\n\n")
+
+
+def test_the_with_merges_docstring_example_holds(nl_tok: Tokenizer) -> None:
+    boi, s, eoi = one(nl_tok, BOI), one(nl_tok, SOFT), one(nl_tok, EOI)
+    image = PromptUpdateDetails.select_token_id([boi, *[s] * 3, eoi], s)
+    merging = image.with_merges(before="\n\n", after="\n\n")
+    update = PromptReplacement("image", [boi], merging)
+    ids = nl_tok.encode("user\n<boi>hi", add_special_tokens=False)
+    new, ranges = apply_prompt_updates(ids, [update], {"image": 1}, nl_tok)
+    words = [nl_tok.decode([t]) for t in new]
+    assert words == ["u", "s", "e", "r", "\n\n\n", BOI, SOFT, SOFT, SOFT, EOI, "\n\n", "hi"]
+    assert ranges["image"] == [PlaceholderRange(5, 5, (False, True, True, True, False))]
+
+
+MERGING_PROMPTS = [
+    "user\n<boi>describe",  # "\n" + "\n\n": one "\n\n\n"
+    "<boi><boi>",  # "\n\n" + "\n\n" between two images: one "\n\n\n\n"
+    "<boi> <boi>",  # a space between: "\n\n", " ", "\n\n"
+    "look:<boi>\nhi",  # ":" + "\n\n" fuse; "\n\n" + "\n" fuse
+    "<bos>a<boi>b<boi>c<bos>d<boi>",  # added tokens bound the text tokenized again
+    "<boi>",
+    "\n\n\n\n<boi>\n\n\n\n",  # runs longer than any token
+    "hi<eoi><boi><eoi>hi",  # added tokens right next to the placeholder
+]
+
+
+@pytest.mark.parametrize("text", MERGING_PROMPTS)
+def test_merging_edges_give_the_ids_of_the_substituted_text(nl_tok: Tokenizer, text: str) -> None:
+    update, count = gemma_image(nl_tok), text.count(BOI)
+    want = enc(nl_tok, substituted(text))
+    for prompt in (text, enc(nl_tok, text)):  # a text prompt and a token-id prompt
+        new, ranges = apply_prompt_updates(prompt, [update], {"image": count}, nl_tok)
+        assert new == want, [nl_tok.decode([t]) for t in new]
+        # What an HF processor's own expansion gives is located with the same ranges.
+        assert find_placeholder_ranges(want, [update], {"image": count}, nl_tok) == ranges
+        soft = one(nl_tok, SOFT)
+        embedded = [i for r in ranges["image"] for i, e in enumerate(r.embed_mask(), r.offset) if e]
+        assert embedded == [i for i, t in enumerate(want) if t == soft]
+
+
+def test_a_range_is_the_fixed_part_whatever_the_edges_fused_with(nl_tok: Tokenizer) -> None:
+    update = gemma_image(nl_tok, soft=1)
+    new, ranges = apply_prompt_updates("hi<boi> <boi>\n", [update], {"image": 2}, nl_tok)
+    words = [nl_tok.decode([t]) for t in new]
+    assert words == ["hi", "\n\n", BOI, SOFT, EOI, "\n\n", " ", "\n\n", BOI, SOFT, EOI, "\n\n\n"]
+    # Both ranges are <boi> <soft> <eoi>, though the second's trailing newlines fused with the
+    # prompt's "\n" and the first's did not: an item's length never depends on its neighbours.
+    assert ranges["image"] == [
+        PlaceholderRange(2, 3, (False, True, False)),
+        PlaceholderRange(8, 3, (False, True, False)),
+    ]
+
+
+def test_text_is_tokenized_again_only_as_far_as_the_nearest_added_token(
+    nl_tok: Tokenizer,
+) -> None:
+    # Ids no tokenizer would give ("h", "i" rather than "hi") stay as they were beyond <bos>.
+    bos, h, i = one(nl_tok, "<bos>"), enc(nl_tok, "h"), enc(nl_tok, "i")
+    boi = one(nl_tok, BOI)
+    prompt = [*h, *i, bos, *h, *i, boi, bos, *h, *i]
+    new, _ = apply_prompt_updates(prompt, [gemma_image(nl_tok)], {"image": 1}, nl_tok)
+    assert new[:3] == [*h, *i, bos] and new[-3:] == [bos, *h, *i]
+    assert new[3] == one(nl_tok, "hi")  # next to the edge: tokenized again with it
+
+
+def test_insertions_with_merging_edges_pile_up_and_fuse(nl_tok: Tokenizer) -> None:
+    boi, eoi = one(nl_tok, BOI), one(nl_tok, EOI)
+    details = PromptUpdateDetails.from_seq([boi, eoi]).with_merges(before="\n", after="\n")
+    update = PromptInsertion("image", PromptIndexTargets.end(), details)
+    new, ranges = apply_prompt_updates("hi", [update], {"image": 2}, nl_tok)
+    # In item order at the end; the first's trailing "\n" and the second's leading one fuse.
+    assert new == enc(nl_tok, f"hi\n{BOI}{EOI}\n\n{BOI}{EOI}\n")
+    assert [(r.offset, r.length) for r in ranges["image"]] == [(2, 2), (5, 2)]
+
+
+def test_the_text_fallback_keeps_merging_edges(nl_tok: Tokenizer) -> None:
+    # The target is text whose tokens merged into the prompt ("hi" hides "h" + "i"): matching
+    # falls back to the text, and the edges still merge.
+    boi, s, eoi = one(nl_tok, BOI), one(nl_tok, SOFT), one(nl_tok, EOI)
+    details = PromptUpdateDetails.select_token_id([boi, s, eoi], s).with_merges(after="\n\n")
+    update = PromptReplacement("image", "i", details)
+    new, ranges = apply_prompt_updates(enc(nl_tok, "hi\n"), [update], {"image": 1}, nl_tok)
+    assert new == enc(nl_tok, f"h{BOI}{SOFT}{EOI}\n\n\n")
+    assert ranges["image"] == [PlaceholderRange(1, 3, (False, True, False))]
+
+
+def test_merging_edges_without_a_tokenizer_are_text() -> None:
+    details = PromptUpdateDetails.from_seq("[img]").with_merges(before="\n", after="\n")
+    new, ranges = apply_prompt_updates(
+        "a<i>b", [PromptReplacement("image", "<i>", details)], {"image": 1}
+    )
+    # Without a tokenizer text is text: the edges go in as they are, and the range counts the
+    # fixed part's characters.
+    assert new == "a\n[img]\nb"
+    assert ranges["image"] == [PlaceholderRange(2, 5)]
+
+
+def test_a_merging_content_needs_a_fixed_part() -> None:
+    with pytest.raises(ValueError, match="fixed part"):
+        PromptUpdateDetails.from_seq([]).with_merges(before="\n\n")
+    with pytest.raises(TypeError, match="merge_after must be text"):
+        PromptUpdateDetails([1], merge_after=[2])  # type: ignore[arg-type]
+    plain = PromptUpdateDetails.select_token_id([1, 2], 2)
+    assert not plain.merges and plain.with_merges(after="\n").merges
+    assert plain.with_merges(after="\n").embed_token_id == 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(["a", "hi", " ", "\n", ":", "<bos>", BOI, "."]), max_size=12))
+def test_any_prompt_gets_the_ids_of_its_substituted_text(
+    nl_tok: Tokenizer, parts: list[str]
+) -> None:
+    text = "".join(parts)
+    count = text.count(BOI)
+    update = gemma_image(nl_tok, soft=2)
+    want = enc(nl_tok, substituted(text, soft=2))
+    new, ranges = apply_prompt_updates(enc(nl_tok, text), [update], {"image": count}, nl_tok)
+    assert new == want
+    assert find_placeholder_ranges(want, [update], {"image": count}, nl_tok) == ranges
+
+
+def test_the_docstring_examples_hold() -> None:
+    import doctest
+
+    from mmproc.prompt_update import _types
+
+    results = doctest.testmod(_types)
+    assert results.attempted >= 10 and results.failed == 0
+
+
 # --- packaging ----------------------------------------------------------------------------------
 
 

@@ -4,8 +4,9 @@ A model describes, per modality, how a prompt changes for each media item:
 :class:`PromptReplacement` swaps an occurrence of a target for the item's content,
 :class:`PromptInsertion` puts the content right after a target. A target is token ids, text, or
 a zero-width position from :class:`PromptIndexTargets` (``start()``, ``end()``, ``prefix(seq)``).
-A content is token ids, text, :class:`PromptUpdateDetails` (the full sequence and which positions
-get embeddings), or a callable of the item index returning one of those.
+A content is token ids, text, :class:`PromptUpdateDetails` (the full sequence, which positions
+get embeddings, and text at its edges that merges with the prompt), or a callable of the item
+index returning one of those.
 
 :func:`resolve_prompt_updates` works out each item's content for each of its modality's updates
 (:class:`ResolvedPromptUpdate`, plain values the processor-output cache keeps with the item).
@@ -33,6 +34,11 @@ Matching rules:
 * Token ids are matched as token ids; when that fails and a tokenizer is given, the decoded text
   is matched instead and the updated text is tokenized again (tokens that merged across a
   target's boundary hide it from token matching, not from text matching).
+* A content may carry text at its edges that merges with the prompt next to it
+  (:meth:`PromptUpdateDetails.with_merges`: Gemma 3's newlines around an image); that text is
+  tokenized together with the prompt text it touches, as far as the nearest added token of the
+  tokenizer or the next edit, so the result is what tokenizing the substituted text gives. The
+  item's range is the content's fixed part.
 
 Cost: one pass over the prompt per candidate update plus the output size; items sharing a target
 cost O(1) each beyond their content, and tokenizer calls are cached per call.

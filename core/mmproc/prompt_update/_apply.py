@@ -7,7 +7,10 @@ same matcher serves token ids and text.
 
 from __future__ import annotations
 
+import contextlib
 import operator
+import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +69,7 @@ class _Codec:
         self.tokenizer = tokenizer
         self._encoded: dict[str, tuple[int, ...]] = {}
         self._decoded: dict[tuple[int, ...], str] = {}
+        self._standalone: frozenset[int] | None = None
 
     def _need(self, modality: str | None, what: str, seq: object) -> Tokenizer:
         if self.tokenizer is None:
@@ -86,6 +90,26 @@ class _Codec:
         """A whole prompt's text (not cached, like :meth:`encode`)."""
         return self._need(None, "the prompt", ids).decode(ids)
 
+    def piece(self, ids: list[int]) -> str:
+        """The text of a piece of the prompt next to a merging edge (not cached)."""
+        if not ids:
+            return ""
+        return self._need(None, "the text next to a merging content", ids).decode(ids)
+
+    def encode_text(self, text: str, modality: str) -> list[int]:
+        """A piece of prompt text next to a merging edge (not cached: each piece is new)."""
+        if not text:
+            return []
+        tokenizer = self._need(modality, "the text next to a merging content", text)
+        return list(map(operator.index, tokenizer.encode(text, add_special_tokens=False)))
+
+    def standalone(self) -> frozenset[int]:
+        """Token ids text never merges across: the tokenizer's added tokens (an HF tokenizer
+        splits them out before its model runs). Empty for a tokenizer that does not list them."""
+        if self._standalone is None:
+            self._standalone = _added_token_ids(self.tokenizer)
+        return self._standalone
+
     def ids(self, seq: tuple[int, ...] | str, modality: str, what: str) -> tuple[int, ...]:
         if not isinstance(seq, str):
             return seq
@@ -104,6 +128,33 @@ class _Codec:
             cached = self._need(modality, what, seq).decode(list(seq))
             self._decoded[seq] = cached
         return cached
+
+
+_ADDED_IDS: weakref.WeakKeyDictionary[Any, tuple[int, frozenset[int]]] = weakref.WeakKeyDictionary()
+_ADDED_IDS_LOCK = threading.Lock()
+
+
+def _added_token_ids(tokenizer: object) -> frozenset[int]:
+    """The ids of ``tokenizer``'s added tokens (``added_tokens_decoder``), cached per tokenizer
+    object and vocabulary size (an HF tokenizer builds that mapping anew on every access)."""
+    if tokenizer is None:
+        return frozenset()
+    try:
+        size = len(tokenizer)  # type: ignore[arg-type]
+    except TypeError:
+        size = -1
+    with _ADDED_IDS_LOCK:
+        try:
+            cached = _ADDED_IDS.get(tokenizer)
+        except TypeError:  # not weakly referenceable
+            cached = None
+    if cached is not None and cached[0] == size:
+        return cached[1]
+    decoder = getattr(tokenizer, "added_tokens_decoder", None)
+    ids = frozenset(map(operator.index, decoder)) if isinstance(decoder, Mapping) else frozenset()
+    with _ADDED_IDS_LOCK, contextlib.suppress(TypeError):
+        _ADDED_IDS[tokenizer] = (size, ids)
+    return ids
 
 
 # --- resolving ------------------------------------------------------------------------------------
@@ -333,10 +384,13 @@ def _empty_slots(resolved: ResolvedUpdates) -> dict[str, list[PlaceholderRange |
 def _assemble_ids(
     prompt: list[int], edits: list[_Edit], resolved: ResolvedUpdates, codec: _Codec
 ) -> tuple[list[int], Placeholders]:
+    ordered = _sorted_edits(edits)
+    if any(edit.update.content.merges for edit in ordered):
+        return _assemble_merging(prompt, ordered, resolved, codec)
     slots = _empty_slots(resolved)
     out: list[int] = []
     prev = 0
-    for edit in _sorted_edits(edits):
+    for edit in ordered:
         out.extend(prompt[prev : edit.start])
         details = edit.update.content
         ids = codec.ids(details.full, edit.modality, "content")
@@ -349,16 +403,70 @@ def _assemble_ids(
     return out, slots  # type: ignore[return-value]  # every slot is filled
 
 
+def _assemble_merging(
+    prompt: list[int], ordered: list[_Edit], resolved: ResolvedUpdates, codec: _Codec
+) -> tuple[list[int], Placeholders]:
+    """:func:`_assemble_ids` for edits some of which carry text that merges with the prompt
+    (:meth:`PromptUpdateDetails.with_merges`): each such edge is tokenized again together with
+    the prompt text next to it, as far as the nearest added token or fixed part of an edit."""
+    standalone = codec.standalone()
+    out: list[int] = []
+    fixed: list[tuple[_Edit, int, tuple[int, ...]]] = []  # each edit, its fixed part's offset, ids
+    prev = 0
+    after = ""  # the previous edit's merge_after, tokenized with the text that follows it
+    for edit in ordered:
+        details = edit.update.content
+        ids = codec.ids(details.full, edit.modality, "content")
+        out += _joined(after, prompt[prev : edit.start], details.merge_before, standalone, codec)
+        fixed.append((edit, len(out), ids))
+        out += ids
+        after, prev = details.merge_after, edit.end
+    out += _joined(after, prompt[prev:], "", standalone, codec)
+    slots = _empty_slots(resolved)
+    for edit, offset, ids in fixed:
+        details = edit.update.content
+        slots[edit.modality][edit.item] = PlaceholderRange(
+            offset, len(ids), details.embed_mask(ids)
+        )
+    return out, slots  # type: ignore[return-value]  # every slot is filled
+
+
+def _joined(
+    after: str, gap: list[int], before: str, standalone: frozenset[int], codec: _Codec
+) -> list[int]:
+    """The prompt tokens ``gap`` between two edits, with the previous edit's ``after`` text and
+    the next one's ``before`` text tokenized together with the text they touch.
+
+    Text never merges across an added token (the tokenizer splits them out first), so only the
+    gap's text up to its first added token is tokenized with ``after``, and only its text from
+    its last added token on with ``before``; the tokens between stay as they are.
+    """
+    if not after and not before:
+        return gap
+    first = next((i for i, token in enumerate(gap) if token in standalone), None)
+    if first is None:
+        return codec.encode_text(after + codec.piece(gap) + before, "merging")
+    last = len(gap) - 1 - next(i for i, token in enumerate(reversed(gap)) if token in standalone)
+    head, middle, tail = gap[:first], gap[first : last + 1], gap[last + 1 :]
+    out = codec.encode_text(after + codec.piece(head), "merging") if after else head
+    out += middle
+    out += codec.encode_text(codec.piece(tail) + before, "merging") if before else tail
+    return out
+
+
 def _assemble_text(
     text: str, edits: list[_Edit], codec: _Codec
 ) -> tuple[str, list[tuple[_Edit, int, str]]]:
-    """The updated text, and per edit (in prompt order) its character offset and inserted text."""
+    """The updated text, and per edit (in prompt order) its character offset and inserted text
+    (merging edges included)."""
     pieces: list[str] = []
     placed: list[tuple[_Edit, int, str]] = []
     size = prev = 0
     for edit in _sorted_edits(edits):
         kept = text[prev : edit.start]
-        new = codec.text(edit.update.content.full, edit.modality, "content")
+        details = edit.update.content
+        core = codec.text(details.full, edit.modality, "content")
+        new = details.merge_before + core + details.merge_after
         pieces += (kept, new)
         size += len(kept)
         placed.append((edit, size, new))
@@ -382,7 +490,11 @@ def _apply_text(text: str, resolved: ResolvedUpdates, codec: _Codec) -> tuple[st
                 modality=edit.modality,
                 item_index=edit.item,
             )
-        slots[edit.modality][edit.item] = PlaceholderRange(offset, len(new))
+        details = edit.update.content  # the range is the fixed part, between merging edges
+        fixed = len(new) - len(details.merge_before) - len(details.merge_after)
+        slots[edit.modality][edit.item] = PlaceholderRange(
+            offset + len(details.merge_before), fixed
+        )
     return new_text, slots  # type: ignore[return-value]
 
 
@@ -414,7 +526,8 @@ def _apply_ids(
             raise PromptUpdateError(
                 f"{edit.modality} item {edit.item}: after matching on text, its content "
                 f"{_preview(details.full)} does not come out of tokenizing the updated prompt as "
-                "the same token ids (it merges with the text around it)",
+                "the same token ids (it merges with the text around it: declare the text at its "
+                "edges with PromptUpdateDetails.with_merges)",
                 modality=edit.modality,
                 item_index=edit.item,
             )
@@ -509,8 +622,9 @@ def find_resolved_ranges(
                     item_index=item,
                 )
             j, details, ids = best
+            found = PlaceholderRange(j, len(ids), details.embed_mask(ids))
             claimed[j : j + len(ids)] = b"\x01" * len(ids)
-            ranges.append(PlaceholderRange(j, len(ids), details.embed_mask(ids)))
+            ranges.append(found)
             pos = j + len(ids)
         placeholders[modality] = ranges
     return placeholders

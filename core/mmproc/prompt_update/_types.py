@@ -148,15 +148,33 @@ class PromptUpdateDetails:
     ``full`` is token ids or text. With ``embed_token_id`` unset every position of ``full`` gets
     an embedding; with it set only the positions holding that token id do (for a text ``full``
     this is decided after tokenizing it, so it needs a tokenizer).
+
+    ``merge_before`` and ``merge_after`` (see :meth:`with_merges`) are text the content carries
+    at its edges that merges with the prompt next to it, as it does when an HF processor
+    substitutes its placeholders in the text and tokenizes the result: the text before the edit
+    and ``merge_before`` are tokenized together, so are ``merge_after`` and the text after the
+    edit. ``full`` is then the content's fixed part between them, put in as its own tokens: it
+    must begin and end with tokens that never merge with text (special tokens). The item's
+    placeholder range is that fixed part.
     """
 
     full: tuple[int, ...] | str
     embed_token_id: int | None = None
+    merge_before: str = ""
+    merge_after: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "full", _normalize_seq(self.full, "update content"))
         if self.embed_token_id is not None:
             object.__setattr__(self, "embed_token_id", operator.index(self.embed_token_id))
+        for name in ("merge_before", "merge_after"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name} must be text, not {type(getattr(self, name)).__name__}")
+        if self.merges and len(self.full) == 0:
+            raise ValueError(
+                "a content that merges with its neighbours needs a fixed part (full) between "
+                "its merging edges"
+            )
 
     @staticmethod
     def from_seq(seq: PromptSeq) -> PromptUpdateDetails:
@@ -167,6 +185,40 @@ class PromptUpdateDetails:
     def select_token_id(seq: PromptSeq, token_id: int) -> PromptUpdateDetails:
         """Only the positions of ``seq`` holding ``token_id`` get an embedding."""
         return PromptUpdateDetails(seq, token_id)  # type: ignore[arg-type]
+
+    def with_merges(self, *, before: str = "", after: str = "") -> PromptUpdateDetails:
+        r"""This content, with text at its edges that merges with the prompt next to it.
+
+        The content put into the prompt is ``before``, then ``full`` as its own tokens, then
+        ``after``. ``before`` is tokenized together with the prompt text before the edit (back
+        to the previous added token of the tokenizer, or the previous edit), ``after`` with the
+        text after it: the result is what tokenizing the substituted text gives, on the cached
+        path and for token-id prompts alike.
+
+        Gemma 3 puts an image in as ``"\n\n<start_of_image>"``, 256 soft tokens, then
+        ``"<end_of_image>\n\n"``, and its tokenizer has one token for each run of newlines: after
+        ``"user\n"`` the newlines fuse into one ``"\n\n\n"``. With ``BOI``, ``SOFT``, ``EOI`` its
+        special tokens and ``tok`` its tokenizer (the test suite runs this example)::
+
+            image = PromptUpdateDetails.select_token_id([BOI, *[SOFT] * 3, EOI], SOFT)
+            merging = image.with_merges(before="\n\n", after="\n\n")
+            update = PromptReplacement("image", [BOI], merging)
+            ids = tok.encode("user\n<start_of_image>Hi", add_special_tokens=False)
+            new, ranges = apply_prompt_updates(ids, [update], {"image": 1}, tok)
+            # new: "user", "\n\n\n", BOI, SOFT, SOFT, SOFT, EOI, "\n\n", "Hi"
+            # ranges["image"][0]: offset 2, length 5 (BOI ... EOI),
+            #                     is_embed (False, True, True, True, False)
+
+        An item's placeholder range is its fixed part, wherever the edges' tokens fell: a
+        token an edge shares with the prompt (``"\n\n\n"`` above) is the prompt's, and the
+        range's length is the item's own whatever its neighbours, on both prompt paths.
+        """
+        return PromptUpdateDetails(self.full, self.embed_token_id, before, after)
+
+    @property
+    def merges(self) -> bool:
+        """Whether the content has text at an edge that merges with the prompt next to it."""
+        return bool(self.merge_before or self.merge_after)
 
     def embed_mask(self, token_ids: Sequence[int]) -> tuple[bool, ...] | None:
         """The ``is_embed`` of ``token_ids`` (this update's ``full``, tokenized).
@@ -241,7 +293,22 @@ class PromptUpdate:
 class PromptReplacement(PromptUpdate):
     """Replace occurrences of ``target`` with ``replacement``, one occurrence per item.
 
-    Items of the modality consume successive, non-overlapping occurrences, left to right.
+    Items of the modality consume successive, non-overlapping occurrences, left to right. Each
+    pad token 9 below becomes its item's run of 9s, wrapped in start and end tokens 7 and 8 of
+    which only the 9s receive embeddings:
+
+    >>> from mmproc.prompt_update import apply_prompt_updates
+    >>> sizes = [3, 2]
+    >>> wrapped = lambda i: PromptUpdateDetails.select_token_id([7, *[9] * sizes[i], 8], 9)
+    >>> update = PromptReplacement("image", [9], wrapped)
+    >>> ids, ranges = apply_prompt_updates([1, 9, 5, 9], [update], {"image": 2})
+    >>> ids
+    [1, 7, 9, 9, 9, 8, 5, 7, 9, 9, 8]
+    >>> [(r.offset, r.length, r.embed_count) for r in ranges["image"]]
+    [(1, 5, 3), (7, 4, 2)]
+
+    A content whose edges are text that merges with the prompt around it (Gemma 3's newlines
+    around each image) says so with :meth:`PromptUpdateDetails.with_merges`.
     """
 
     modality: str
@@ -261,7 +328,16 @@ class PromptReplacement(PromptUpdate):
 class PromptInsertion(PromptUpdate):
     """Insert ``insertion`` right after the first occurrence of ``target``.
 
-    Every item that uses the insertion goes to that same place, piled up in item order.
+    Every item that uses the insertion goes to that same place, piled up in item order. Two
+    images go right after the BOS token 1, wherever the text puts them:
+
+    >>> from mmproc.prompt_update import PromptIndexTargets, apply_prompt_updates
+    >>> update = PromptInsertion("image", PromptIndexTargets.prefix([1]), lambda i: [9] * (i + 1))
+    >>> ids, ranges = apply_prompt_updates([1, 5, 6], [update], {"image": 2})
+    >>> ids
+    [1, 9, 9, 9, 5, 6]
+    >>> [(r.offset, r.length) for r in ranges["image"]]
+    [(1, 1), (2, 2)]
     """
 
     modality: str
