@@ -34,7 +34,8 @@ Reading the model folder (``load_hf_processor``)
 Errors a hook raises
     :class:`MmprocError` (the base), :class:`ConfigurationError` (a bad option),
     :class:`ProcessorLoadError` (a folder the plugin cannot load), :class:`MediaItemError` (an
-    item the model cannot take: name its modality and index), :class:`ProcessingError`.
+    item the model cannot take: name its modality and index), :class:`ProcessingError`,
+    :class:`FieldSpecError` (outputs that do not fit a field, from a field's ``split``).
 Demo models (``registry.register_demo``)
     :func:`build_tokenizer`, :func:`write_model_folder`, :func:`resave_with_processor` (these load
     ``tokenizers`` and transformers when first used).
@@ -54,6 +55,7 @@ _LAZY: dict[str, str] = {
     "ConfigurationError": "mmproc.errors",
     "DEFAULT_VIDEO_FPS": "mmproc.media.policy",
     "FieldSpec": "mmproc.fields",
+    "FieldSpecError": "mmproc.errors",
     "FlatField": "mmproc.fields",
     "HF_MODALITY_KWARGS": "mmproc.model_folder",
     "MediaFormat": "mmproc.media.policy",
@@ -95,6 +97,7 @@ __all__ = [
     "ChannelLayout",
     "ConfigurationError",
     "FieldSpec",
+    "FieldSpecError",
     "FlatField",
     "MediaFormat",
     "MediaItemError",
@@ -144,6 +147,7 @@ if TYPE_CHECKING:
     from mmproc.context import ModelContext, ProcessingMode
     from mmproc.errors import (
         ConfigurationError,
+        FieldSpecError,
         MediaItemError,
         MmprocError,
         ProcessingError,

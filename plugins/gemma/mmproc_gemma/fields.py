@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mmproc.plugin import FieldSpec, FlatField, MmprocError, PaddedField
+from mmproc.plugin import FieldSpec, FieldSpecError, FlatField, PaddedField
 
 __all__ = ["PerItemField", "concatenated", "padded"]
 
@@ -32,8 +32,7 @@ class PerItemField(FieldSpec):
             got = (
                 f"{len(value)} values" if isinstance(value, list | tuple) else type(value).__name__
             )
-            # mmproc.plugin has no FieldSpecError: its base, naming the key, says the same.
-            raise MmprocError(
+            raise FieldSpecError(
                 f"{key!r} (per item, {self.modality}): expected a list of {count} per-item values "
                 f"from the gemma plugin's process_mm_data, got {got}"
             )

@@ -55,9 +55,6 @@ class TestGemma3nAudio(PluginConformance):
     # mmproc gives each clip what transformers gives it alone; test_gemma3n.py compares with
     # that, clip by clip (one clip alone, and with images, the suite compares as it is).
     compare_with_hf = False
-    # Audio carries no pixels: device normalisation (of images) does not apply to this matrix,
-    # and is not generated, as the suite leaves out what cannot apply (the image classes run it).
-    test_device_normalisation_matches_the_float_path = None
 
 
 class TestGemma4ImagesTorchvision(PluginConformance):
@@ -86,4 +83,3 @@ class TestGemma4Audio(PluginConformance):
     model = "demo:gemma4"
     modality = "audio"
     processor_options: ClassVar[dict[str, Any]] = {"video_fps": 24.0}
-    test_device_normalisation_matches_the_float_path = None  # as TestGemma3nAudio
