@@ -132,7 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _items(args: argparse.Namespace) -> list[Any]:
-    from mmproc.demo import demo_audio, demo_image, demo_video
+    from mmproc.demo import demo_audio, demo_file, demo_image, demo_video
 
     seeds = range(_DISTINCT_ITEMS)
     if args.modality == "image":
@@ -142,34 +142,8 @@ def _items(args: argparse.Namespace) -> list[Any]:
     else:
         items = [demo_audio(seed, args.seconds) for seed in seeds]
     if args.encoded:
-        return [_encode(args.modality, item) for item in items]
+        return [demo_file(args.modality, item) for item in items]
     return items
-
-
-def _encode(modality: str, item: Any) -> bytes:
-    """A demo item as the bytes of a file."""
-    import io
-
-    buffer = io.BytesIO()
-    if modality == "image":
-        item.save(buffer, format="PNG")
-    elif modality == "video":
-        import av
-
-        frames = item[:, : item.shape[1] // 2 * 2, : item.shape[2] // 2 * 2]  # even, for 4:2:0
-        with av.open(buffer, mode="w", format="mp4") as container:
-            stream = container.add_stream("libx264", rate=2)
-            stream.width, stream.height = frames.shape[2], frames.shape[1]
-            stream.pix_fmt = "yuv420p"
-            for frame in frames:
-                container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-            container.mux(stream.encode())
-    else:
-        import soundfile
-
-        waveform, rate = item
-        soundfile.write(buffer, waveform, rate, format="WAV", subtype="FLOAT")
-    return buffer.getvalue()
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -26,7 +26,15 @@ from typing import Any
 
 from mmproc.demo_models import add_model_arguments, describe_demo_models, open_model
 
-__all__ = ["add_arguments", "demo_audio", "demo_image", "demo_item", "demo_video", "run_demo"]
+__all__ = [
+    "add_arguments",
+    "demo_audio",
+    "demo_file",
+    "demo_image",
+    "demo_item",
+    "demo_video",
+    "run_demo",
+]
 
 DEMO_SIZES = ((1024, 768), (640, 480), (800, 600), (1280, 720))
 _QUESTIONS = {"image": "picture", "video": "video", "audio": "recording"}
@@ -89,6 +97,32 @@ def demo_audio(seed: int, seconds: float, rate: int = 16000) -> tuple[Any, int]:
 
     t = np.arange(int(seconds * rate), dtype=np.float32) / rate
     return (0.3 * np.sin(2 * np.pi * (220 + 55 * seed) * t)).astype(np.float32), rate
+
+
+def demo_file(modality: str, item: Any) -> bytes:
+    """A demo item as the bytes of a file: a PNG, an mp4 at 2 fps (H.264), a float WAV."""
+    import io
+
+    buffer = io.BytesIO()
+    if modality == "image":
+        item.save(buffer, format="PNG")
+    elif modality == "video":
+        import av
+
+        frames = item[:, : item.shape[1] // 2 * 2, : item.shape[2] // 2 * 2]  # even, for 4:2:0
+        with av.open(buffer, mode="w", format="mp4") as container:
+            stream = container.add_stream("libx264", rate=2)
+            stream.width, stream.height = frames.shape[2], frames.shape[1]
+            stream.pix_fmt = "yuv420p"
+            for frame in frames:
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+            container.mux(stream.encode())
+    else:
+        import soundfile
+
+        waveform, rate = item
+        soundfile.write(buffer, waveform, rate, format="WAV", subtype="FLOAT")
+    return buffer.getvalue()
 
 
 def demo_item(modality: str, seed: int) -> Any:
@@ -159,6 +193,10 @@ def run_demo(args: argparse.Namespace) -> int:
                 )
             # Items repeat across requests: the later requests are served by the cache.
             items = [demo_item(modality, seed) for seed in range(4)]
+            if modality == "video":
+                # Files, as videos come: the frame rate tells each frame's time (which some
+                # models write into the prompt), and mmproc samples at the model's rate.
+                items = [demo_file(modality, item) for item in items]
             requests = []
             for r in range(args.requests):
                 count = 1 + r % 2
