@@ -91,12 +91,11 @@ class InternVLModel:
     @hookimpl
     def get_mm_fields(self, outputs: Mapping[str, Any]) -> Mapping[str, FieldSpec]:
         """Image tiles are flat, ``num_patches`` of them per image; frames one row per video."""
-        fields: dict[str, FieldSpec] = {
+        return {
             "pixel_values": FlatField("image", sizes=_tile_counts),
             "num_patches": BatchedField("image"),
             "pixel_values_videos": BatchedField("video"),
         }
-        return {key: spec for key, spec in fields.items() if key in outputs}
 
     @hookimpl
     def get_prompt_updates(

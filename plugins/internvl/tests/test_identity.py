@@ -198,31 +198,18 @@ class TestInternVL3Identity(ImageIdentityMatrix):
         processor, reference, norm = combo
         image, video = noise_image(300, 200, seed=1000), noise_video(3, 64, 48, seed=1001)
         url = "data:image/png;base64," + _png(image)
-        messages = [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": url}},
-                    {"type": "video", "video": video},
-                    {"type": "text", "text": "What changes?"},
-                ],
-            }
-        ]
-        out = processor.process_chat(messages)
-        hf_messages = [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image", "image": image},
-                    {"type": "video"},
-                    {"type": "text", "text": "What changes?"},
-                ],
-            }
-        ]
-        prompt = reference.apply_chat_template(
-            hf_messages, add_generation_prompt=True, tokenize=False
+        question = {"type": "text", "text": "What changes?"}
+        ours = [{"type": "image_url", "image_url": {"url": url}}, {"type": "video", "video": video}]
+        out = processor.process_chat([{"role": "user", "content": [*ours, question]}])
+        theirs = [{"type": "image", "image": image}, {"type": "video", "video": video}, question]
+        hf = reference.apply_chat_template(
+            [{"role": "user", "content": theirs}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+            sanitize_control_tokens=True,
         )
-        hf = call_hf_processor(reference, prompt, {"image": [image], "video": [video]})
         self.assert_identical(out, hf, reference.tokenizer, normalised=norm)
 
     def test_a_video_file_is_sampled_and_expands_by_its_frames(
