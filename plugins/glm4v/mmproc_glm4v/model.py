@@ -68,8 +68,11 @@ class Glm4vModel:
         return load_glm_processor(ctx)
 
     @hookimpl
-    def process_mm_data(self, mm_items: Mapping[str, Sequence[Any]]) -> Mapping[str, Any] | None:
-        """The processor as it is (``None``), once every video has its metadata."""
+    def process_mm_data(
+        self, mm_items: Mapping[str, Sequence[Any]], processor: Any
+    ) -> Mapping[str, Any] | None:
+        """The processor as it is (``None``: the core calls ``processor``, the worker's clone),
+        once every video has its metadata."""
         for video in mm_items.get("video", ()):
             if video.metadata is None:
                 # transformers would assume 24 fps and write timestamps nobody gave. (A plain

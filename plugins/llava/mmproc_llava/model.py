@@ -75,8 +75,9 @@ class LlavaModel:
         return load_llava_processor(ctx)
 
     @hookimpl
-    def process_mm_data(self, mode: ProcessingMode) -> Mapping[str, Any] | None:
-        """The processor as it is (``None``), unless the request retiles its images."""
+    def process_mm_data(self, mode: ProcessingMode, processor: Any) -> Mapping[str, Any] | None:
+        """The processor as it is (``None``: the core calls ``processor``, the worker's clone),
+        unless the request retiles its images."""
         if "image_grid_pinpoints" in mode.user_kwargs:
             # Tile counts follow config.json's pinpoints (see mmproc_llava.loading).
             raise ValueError(
