@@ -275,6 +275,14 @@ def test_which_check_runs_a_request_per_modality_through_both_paths_and_hf(
     assert "video: ok (the cached path, HF expansion and HF agree)" in out
 
 
+def test_which_checks_a_demo_model_by_its_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["which", "demo:qwen2.5-vl", "--check", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["architecture"] == "Qwen2_5_VLForConditionalGeneration"
+    # Its videos go with their frames' times (Qwen2.5-VL's second_per_grid_ts reads them).
+    assert record["requests"] == {"image": "ok", "video": "ok"}
+
+
 def test_which_check_builds_the_processors_with_the_options_given(
     qwen_folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -92,6 +92,7 @@ def check_model_folder(folder: Path, **options: Any) -> list[tuple[str, str | No
     from mmproc.demo import demo_item
     from mmproc.errors import ConfigurationError
     from mmproc.factory import get_processor
+    from mmproc.testing.media import timed_video
 
     for managed, how in MANAGED_OPTIONS.items():
         if managed in options:
@@ -106,6 +107,10 @@ def check_model_folder(folder: Path, **options: Any) -> list[tuple[str, str | No
     ):
         for modality in cached.modalities:
             items = [demo_item(modality, seed) for seed in (0, 1)]
+            if modality == "video":
+                # With their times, as a file's frames come: some models write them into
+                # the prompt, and refuse frames without them.
+                items = [timed_video(frames) for frames in items]
             placeholders = cached.model.get_dummy_text(cached.ctx, {modality: 2})
             prompt = f"Compare {placeholders} please."
             mm_data = {modality: items}

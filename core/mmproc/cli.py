@@ -62,10 +62,20 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_which(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from mmproc.demo_models import DEMO_PREFIX, open_model
     from mmproc.registry import get_registry
 
     registry = get_registry()
-    target = args.architecture
+    if not args.architecture.startswith(DEMO_PREFIX):
+        return _which(args, args.architecture, registry)
+    with tempfile.TemporaryDirectory() as workdir:  # a demo model: its folder, written here
+        folder, _ = open_model(args.architecture, Path(workdir), registry)
+        return _which(args, str(folder), registry)
+
+
+def _which(args: argparse.Namespace, target: str, registry: Any) -> int:
     if os.path.isdir(target):
         ref = registry.resolve_folder(target)
     else:
@@ -154,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.set_defaults(run=_cmd_plugins)
 
     which = sub.add_parser("which", help="which plugin and class serve an architecture")
-    which.add_argument("architecture", help="architecture name or local model folder")
+    which.add_argument(
+        "architecture", help="architecture name, local model folder or demo:NAME (a demo model)"
+    )
     which.add_argument(
         "--check",
         action="store_true",

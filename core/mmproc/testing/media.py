@@ -2,8 +2,10 @@
 
 ``noise_image`` gives a picture in any Pillow mode (a palette image with a transparent index
 too, as GIFs have), ``noise_video`` random frames, ``media_items`` a list of items of a modality
-(smooth pictures, short clips, tones); ``call_hf_processor`` calls a transformers processor on a
-prompt and items the way a user would, which is the reference mmproc's outputs must equal.
+(smooth pictures, short clips, tones); ``timed_video`` frames with the metadata of a clip sampled
+at a rate (what a caller gives with decoded frames, for models that write frame times into the
+prompt); ``call_hf_processor`` calls a transformers processor on a prompt and items the way a user
+would, which is the reference mmproc's outputs must equal.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from mmproc.defaults import HF_MODALITY_KWARGS
+from mmproc.media.items import VideoItem, VideoMetadata
+from mmproc.model_folder import HF_MODALITY_KWARGS, hf_video_kwargs
 
-__all__ = ["call_hf_processor", "media_items", "noise_image", "noise_video"]
+__all__ = ["call_hf_processor", "media_items", "noise_image", "noise_video", "timed_video"]
 
 
 def noise_image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
@@ -75,7 +78,9 @@ def call_hf_processor(
     """``processor(text=[prompt], <modality keyword>=items, return_tensors="pt", **kwargs)``.
 
     Audio items are ``(waveform, sample_rate)`` pairs, given as ``audio=`` and
-    ``sampling_rate=``; images and videos go under their HF keyword as they are.
+    ``sampling_rate=``; videos given as :class:`~mmproc.media.items.VideoItem` go as their
+    frames and metadata (``hf_video_kwargs``); images and other videos go under their HF keyword
+    as they are.
     """
     call: dict[str, Any] = {"text": [prompt], "return_tensors": "pt"}
     for modality, items in (mm_data or {}).items():
@@ -84,7 +89,32 @@ def call_hf_processor(
         if modality == "audio":
             call["audio"] = [waveform for waveform, _ in items]
             call["sampling_rate"] = items[0][1]
+        elif modality == "video" and any(isinstance(item, VideoItem) for item in items):
+            call.update(
+                hf_video_kwargs(
+                    [item if isinstance(item, VideoItem) else VideoItem(item) for item in items]
+                )
+            )
         else:
             call[HF_MODALITY_KWARGS[modality]] = list(items)
     call.update(kwargs)
     return processor(**call)
+
+
+def timed_video(frames: np.ndarray, fps: float = 2.0, first: int = 0) -> VideoItem:
+    """``frames`` (``(T, H, W, 3)`` uint8) as a clip at ``fps`` from source frame ``first``, one
+    source frame each: the metadata a caller gives with decoded frames."""
+    frames = np.ascontiguousarray(frames)
+    indices = tuple(range(first, first + len(frames)))
+    return VideoItem(
+        frames,
+        VideoMetadata(
+            fps=fps,
+            duration_s=(first + len(frames)) / fps,
+            total_frames=first + len(frames),
+            frame_indices=indices,
+            timestamps_s=tuple(i / fps for i in indices),
+            width=int(frames.shape[2]),
+            height=int(frames.shape[1]),
+        ),
+    )
