@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,11 +30,14 @@ import torch
 import uvicorn
 from _tiny_models import TinyQwenImageModel
 from mmproc import hookimpl
+from mmproc.errors import WorkerProcessError
+from mmproc.fields import FlatField
 from mmproc.serve import ServeSettings, create_app
 from mmproc.testing import noise_image
 from mmproc.wire import RequestReceiver
 
 MODEL = "tiny-qwen"
+HELLO = [{"role": "user", "content": "Hello"}]
 
 
 def free_port() -> int:
@@ -73,9 +78,16 @@ def serve(qwen_folder: Path) -> Iterator[Callable[..., Served]]:
     """``serve(**settings)``: a server on the qwen_vl demo folder (stopped after the module)."""
     running: list[Served] = []
 
-    def start(folder: Path = qwen_folder, registry: Any = None, **settings: Any) -> Served:
-        options = {"registry": registry} if registry is not None else {}
-        processor = mmproc.get_processor(folder, warm_up=True, **options)
+    def start(
+        folder: Path = qwen_folder,
+        registry: Any = None,
+        options: dict[str, Any] | None = None,
+        **settings: Any,
+    ) -> Served:
+        options = {"warm_up": True, **(options or {})}
+        if registry is not None:
+            options["registry"] = registry
+        processor = mmproc.get_processor(folder, **options)
         served = Served(processor, ServeSettings(served_model_names=(MODEL,), **settings))
         running.append(served)
         return served
@@ -106,6 +118,40 @@ def image_chat(seed: int, text: str = "What is this?") -> list[dict[str, Any]]:
             ],
         }
     ]
+
+
+def image_part(seed: int, **extra: Any) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": jpeg_url(seed)}, **extra}
+
+
+def nested(levels: int) -> Any:
+    value: Any = "x"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def partial_request(port: int, declared: int, sent: bytes) -> socket.socket:
+    """A chat render request on a socket of its own that declares a body of ``declared`` bytes
+    and sends only ``sent`` of it (the socket is left open: the rest never comes)."""
+    connection = socket.create_connection(("127.0.0.1", port), timeout=10)
+    connection.sendall(
+        b"POST /v1/chat/completions/render HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n"
+        + f"Content-Length: {declared}\r\n\r\n".encode()
+        + sent
+    )
+    return connection
+
+
+def status_of(connection: socket.socket) -> int:
+    """The status of the answer that arrives on ``connection`` (within its timeout)."""
+    head = b""
+    while b"\r\n" not in head:
+        chunk = connection.recv(4096)
+        assert chunk, "the server closed the connection without answering"
+        head += chunk
+    return int(head.split(b" ", 2)[1])
 
 
 def decode_item(encoded: str) -> dict[str, Any]:
@@ -262,6 +308,50 @@ def test_concurrent_clients_get_what_sequential_ones_get(server: Served) -> None
             "refused",
         ),
         ({"model": MODEL, "messages": [], "max_tokens": -1}, 400, "max_tokens", "positive"),
+        (
+            {"model": MODEL, "messages": HELLO, "tools": [{"type": "function"}, 7]},
+            400,
+            "tools[1]",
+            "entry 1 is int",
+        ),
+        ({"model": MODEL, "messages": HELLO, "documents": "notes"}, 400, "documents", "list of"),
+        (
+            {
+                "model": MODEL,
+                "messages": HELLO,
+                "add_generation_prompt": True,
+                "continue_final_message": True,
+            },
+            400,
+            "continue_final_message",
+            "cannot both be set",
+        ),
+        (
+            {"model": MODEL, "messages": [{**HELLO[0], "tool_calls": nested(200)}]},
+            400,
+            "messages[0]",
+            "nested deeper than 64 levels",
+        ),
+        (
+            {"model": MODEL, "messages": HELLO, "tools": [{"function": nested(200)}]},
+            400,
+            "tools[0]",
+            "nested deeper than 64 levels",
+        ),
+        (
+            {"model": MODEL, "messages": HELLO, "chat_template_kwargs": {"a": nested(200)}},
+            400,
+            "chat_template_kwargs",
+            "nested deeper than 64 levels",
+        ),
+        # Fields echoed in the answer, which JSON encoders refuse past 255 levels.
+        ({"model": MODEL, "messages": HELLO, "temperature": nested(300)}, 400, "temperature", "64"),
+        (
+            {"model": MODEL, "messages": HELLO, "kv_transfer_params": {"a": nested(300)}},
+            400,
+            "kv_transfer_params",
+            "nested deeper than 64 levels",
+        ),
     ],
 )
 def test_bad_requests_are_openai_errors_naming_the_field(
@@ -295,6 +385,209 @@ def test_a_body_that_is_not_json_or_too_large_is_refused(serve: Callable[..., Se
         path, content=chunks(), headers={"Content-Type": "application/json"}
     )
     assert streamed.status_code == 413
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(
+    serve: Callable[..., Served],
+) -> None:
+    small = serve(max_body_bytes=4096)
+    connection = partial_request(small.port, 10 << 20, b'{"messages": "')
+    with connection:
+        assert status_of(connection) == 413  # the other 10 MiB never came
+
+
+def test_requests_whose_bodies_are_still_arriving_hold_their_places_in_the_queue(
+    serve: Callable[..., Served],
+) -> None:
+    full = serve(max_concurrency=1, max_queue=1, request_timeout_s=30)
+    waiting = [partial_request(full.port, 1000, b'{"messages": [') for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 10
+        while "mmproc_requests_in_flight 2.0" not in full.client.get("/metrics").text:
+            assert time.monotonic() < deadline, "the two requests were never in flight"
+            time.sleep(0.01)
+        refused = full.chat(image_chat(6))
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+    finally:
+        for connection in waiting:
+            connection.close()
+    deadline = time.monotonic() + 10
+    while (answer := full.chat(image_chat(6))).status_code == 503:  # their places come back
+        assert time.monotonic() < deadline, "the places of the requests that went away stayed"
+        time.sleep(0.05)
+    assert answer.status_code == 200
+
+
+def test_a_body_that_does_not_arrive_within_the_request_timeout_is_a_408(
+    serve: Callable[..., Served],
+) -> None:
+    impatient = serve(request_timeout_s=1.0)
+    with partial_request(impatient.port, 1000, b'{"messages": [') as connection:
+        assert status_of(connection) == 408
+
+
+def test_a_client_that_goes_away_while_sending_its_body_logs_no_error(
+    serve: Callable[..., Served], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = serve()
+    with caplog.at_level(logging.INFO, logger="mmproc.serve"):
+        partial_request(server.port, 1000, b'{"messages": [').close()
+        deadline = time.monotonic() + 10
+        metrics = ""
+        while 'kind="ClientDisconnect"' not in metrics:
+            assert time.monotonic() < deadline, "the server never saw the client go away"
+            time.sleep(0.01)
+            metrics = server.client.get("/metrics").text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert server.chat(image_chat(7)).status_code == 200
+
+
+def test_chat_text_over_max_prompt_chars_is_refused_before_it_is_rendered(
+    serve: Callable[..., Served],
+) -> None:
+    short = serve(options={"max_prompt_chars": 1000})
+    response = short.chat([{"role": "user", "content": "word " * 400}])
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages" and "max_prompt_chars" in error["message"]
+    assert short.chat([{"role": "user", "content": "word " * 100}]).status_code == 200
+    # Media parts are not text: a picture's data URL counts for nothing.
+    assert short.chat(image_chat(8)).status_code == 200
+
+
+def test_a_completion_prompt_over_max_prompt_chars_is_refused_before_it_is_tokenised(
+    serve: Callable[..., Served],
+) -> None:
+    short = serve(options={"max_prompt_chars": 1000})
+    body = {"model": MODEL, "prompt": ["fine", "word " * 400]}
+    response = short.client.post("/v1/completions/render", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "prompt[1]" and "max_prompt_chars" in error["message"]
+
+
+def test_token_ids_the_vocabulary_does_not_have_are_refused(server: Served) -> None:
+    vocabulary = len(server.app.state.server.processor.hf_processor.tokenizer)
+    path = "/v1/completions/render"
+    refused = server.client.post(path, json={"model": MODEL, "prompt": [1, vocabulary + 10]})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "prompt"
+    assert "vocabulary" in refused.json()["error"]["message"]
+    assert server.client.post(path, json={"model": MODEL, "prompt": [1, 2]}).status_code == 200
+
+
+# --- item ids -----------------------------------------------------------------------------------
+
+
+def picture_chat(seed: int, uuid: str | None = None) -> list[dict[str, Any]]:
+    part = image_part(seed) if uuid is None else image_part(seed, uuid=uuid)
+    return [{"role": "user", "content": [part, {"type": "text", "text": "What is this?"}]}]
+
+
+def test_by_default_a_parts_uuid_is_ignored_so_one_client_cannot_fetch_anothers_item(
+    server: Served, qwen_folder: Path
+) -> None:
+    first = server.chat(picture_chat(50, uuid="shared")).json()
+    second = server.chat(picture_chat(51, uuid="shared")).json()
+    hashes = [answer["features"]["mm_hashes"]["image"][0] for answer in (first, second)]
+    assert hashes[0] != hashes[1] and "shared" not in hashes
+    with mmproc.get_processor(qwen_folder) as processor:
+        for seed, answer in zip((50, 51), (first, second)):
+            [expected] = processor.process_chat(picture_chat(seed)).features
+            pixels, _ = decode_item(answer["features"]["kwargs_data"]["image"][0])["pixel_values"]
+            assert torch.equal(pixels, expected.data["pixel_values"])
+            assert answer["features"]["mm_hashes"]["image"] == [expected.hash]
+
+
+def test_by_default_a_part_named_by_its_uuid_alone_is_refused(server: Served) -> None:
+    by_id = [{"role": "user", "content": [{"type": "image_url", "uuid": "shared"}]}]
+    response = server.chat(by_id)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "messages[0].content[0]" and "--trust-request-ids" in error["message"]
+
+
+def test_with_trusted_request_ids_a_parts_uuid_names_its_item(
+    serve: Callable[..., Served],
+) -> None:
+    trusting = serve(trust_request_ids=True)
+    first = trusting.chat(picture_chat(52, uuid="tenant-a/1")).json()
+    assert first["features"]["mm_hashes"]["image"] == ["tenant-a/1"]
+    by_id = [{"role": "user", "content": [{"type": "image_url", "uuid": "tenant-a/1"}]}]
+    again = trusting.chat(by_id).json()
+    assert again["features"]["mm_hashes"]["image"] == ["tenant-a/1"]
+    assert again["features"]["kwargs_data"] == first["features"]["kwargs_data"]
+    # The id stands for the item, whatever data comes with it: why only one tenant may use it.
+    other = trusting.chat(picture_chat(53, uuid="tenant-a/1")).json()
+    assert other["features"]["kwargs_data"] == first["features"]["kwargs_data"]
+
+
+# --- faults on the server's side ----------------------------------------------------------------
+
+
+class BrokenFields(TinyQwenImageModel):
+    """Forgets to say how image_grid_thw splits (a plugin bug)."""
+
+    @hookimpl
+    def get_mm_fields(self, outputs: Any) -> Any:
+        return {"pixel_values": FlatField.from_grid("image", "image_grid_thw")}
+
+
+class LosesItsWorker(TinyQwenImageModel):
+    """Its worker process dies under every request."""
+
+    @hookimpl
+    def process_mm_data(self) -> Any:
+        raise WorkerProcessError("worker process 0 died (exit code -9)")
+
+
+def test_a_fault_of_the_servers_plugin_is_a_500_logged_with_its_traceback(
+    serve: Callable[..., Served],
+    folder_for: Callable[[str], Path],
+    serving: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken = serve(
+        folder_for("BrokenFieldsForTest"),
+        registry=serving({"BrokenFieldsForTest": BrokenFields}),
+        options={"warm_up": False},
+    )
+    with caplog.at_level(logging.ERROR, logger="mmproc.serve"):
+        response = broken.chat(image_chat(60))
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["type"] == "InternalServerError" and "image_grid_thw" not in error["message"]
+    [record] = [r for r in caplog.records if r.name == "mmproc.serve.app"]
+    assert record.exc_info is not None and "image_grid_thw" in str(record.exc_info[1])
+    assert broken.chat(HELLO).status_code == 200  # a chat without media is served
+
+
+def test_a_worker_process_lost_under_a_request_is_a_503_with_retry_after(
+    serve: Callable[..., Served], folder_for: Callable[[str], Path], serving: Any
+) -> None:
+    losing = serve(
+        folder_for("LosesItsWorkerForTest"),
+        registry=serving({"LosesItsWorkerForTest": LosesItsWorker}),
+        options={"warm_up": False},
+    )
+    response = losing.chat(image_chat(61))
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert "died" not in response.json()["error"]["message"]
+
+
+def test_a_model_folder_without_a_chat_template_answers_chats_with_a_500(
+    serve: Callable[..., Served], qwen_folder: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "no-template"
+    shutil.copytree(qwen_folder, folder)
+    (folder / "chat_template.json").unlink()
+    assert "chat_template" not in (folder / "tokenizer_config.json").read_text()
+    untemplated = serve(folder)
+    response = untemplated.chat(HELLO)
+    assert response.status_code == 500
+    assert "no chat template" in response.json()["error"]["message"]
+    body = {"model": MODEL, "prompt": "Hello"}
+    assert untemplated.client.post("/v1/completions/render", json=body).status_code == 200
 
 
 class Slow(TinyQwenImageModel):
@@ -359,7 +652,9 @@ def test_the_native_path_sends_the_request_to_the_engine_and_answers_without_ten
         assert response.status_code == 200, response.text
         answer = response.json()
         [request] = received
-        assert answer["engine_request_id"] == request.request_id == "chatcmpl-n1"
+        assert answer["request_id"] == "chatcmpl-n1"
+        assert answer["engine_request_id"] == request.request_id
+        assert request.request_id.startswith("chatcmpl-n1-")
         assert answer["features"]["kwargs_data"] is None
         assert list(request.prompt_token_ids) == answer["token_ids"]
         assert request.params["max_tokens"] == 8
@@ -370,6 +665,36 @@ def test_the_native_path_sends_the_request_to_the_engine_and_answers_without_ten
         assert "mmproc_engine_acknowledged_total 1.0" in metrics
         assert "mmproc_engine_items_in_full_total 1.0" in metrics
         assert "mmproc_engine_unsettled 0.0" in metrics
+
+
+def test_two_requests_in_flight_under_one_request_id_are_both_acknowledged(
+    serve: Callable[..., Served], tmp_path: Path
+) -> None:
+    address = f"ipc://{tmp_path}/engine.sock"
+    with RequestReceiver(address, bind=True, auto_ack=False) as receiver:
+        native = serve(engine=address, request_timeout_s=10)
+        answers: dict[int, httpx.Response] = {}
+
+        def ask(index: int) -> None:
+            with httpx.Client(base_url=f"http://127.0.0.1:{native.port}", timeout=30) as client:
+                body = {"model": MODEL, "messages": image_chat(32 + index), "request_id": "same"}
+                answers[index] = client.post("/v1/chat/completions/render", json=body)
+
+        askers = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for asker in askers:
+            asker.start()
+        # Both are in flight at once: neither is acknowledged before the engine has both.
+        deliveries = [receiver.recv_delivery(timeout=30) for _ in range(2)]
+        for delivery in deliveries:
+            assert delivery is not None
+            receiver.ack(delivery)
+        for asker in askers:
+            asker.join(30)
+    assert [answers[i].status_code for i in range(2)] == [200, 200]
+    engine_ids = {answers[i].json()["engine_request_id"] for i in range(2)}
+    assert engine_ids == {d.request.request_id for d in deliveries if d is not None}
+    assert len(engine_ids) == 2
+    assert all(answers[i].json()["request_id"] == "chatcmpl-same" for i in range(2))
 
 
 def test_a_request_the_engine_never_acknowledges_is_an_error_not_a_success(
@@ -397,35 +722,87 @@ def test_a_request_the_engine_never_acknowledges_is_an_error_not_a_success(
 # --- the command and shutdown -------------------------------------------------------------------
 
 
-def test_sigterm_drains_the_request_in_flight_and_exits_0(tmp_path: Path) -> None:
+def start_command(tmp: Path, *options: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``mmproc serve --model demo:qwen2-vl`` in a process of its own, its temporary files in
+    ``tmp``, once it answers ``/health``; its output in ``tmp/output.txt``."""
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mmproc.cli",
-            "serve",
-            "--model",
-            "demo:qwen2-vl",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)}
+    command = [sys.executable, "-m", "mmproc.cli", "serve", "--model", "demo:qwen2-vl"]
+    with open(tmp / "output.txt", "wb") as output:
+        server = subprocess.Popen(
+            [*command, "--port", str(port), *options],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if client.get("/health").status_code == 200:
+                    return server, port
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise AssertionError("did not start: " + (tmp / "output.txt").read_text()[-2000:])
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def command(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """The port of ``mmproc serve`` with one render slot and a queue of one."""
+    server, port = start_command(
+        tmp_path_factory.mktemp("command"), "--max-concurrency", "1", "--max-queue", "1"
     )
+    yield port
+    server.kill()
+    server.wait(30)
+
+
+def test_the_command_takes_at_most_64_items_of_a_modality_per_request(command: int) -> None:
+    tiny = io.BytesIO()
+    noise_image(8, 8).save(tiny, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(tiny.getvalue()).decode()
+    parts = [{"type": "image_url", "image_url": {"url": url}}] * 65
+    with httpx.Client(base_url=f"http://127.0.0.1:{command}", timeout=60) as client:
+        body = {"messages": [{"role": "user", "content": parts}]}
+        response = client.post("/v1/chat/completions/render", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "messages[0].content[64]"
+    assert "more than 64 image items" in error["message"]
+    assert "max_items_per_request" in error["message"]
+
+
+def test_the_command_refuses_connections_beyond_what_it_admits(command: int) -> None:
+    limit = ServeSettings(served_model_names=(MODEL,), max_concurrency=1, max_queue=1)
+    idle = [
+        socket.create_connection(("127.0.0.1", command), timeout=10)
+        for _ in range(limit.connection_limit)
+    ]
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{command}", timeout=60) as client:
+            deadline = time.monotonic() + 10
+            while client.get("/health").status_code != 503:
+                assert time.monotonic() < deadline, "it took more connections than it admits"
+                time.sleep(0.05)
+    finally:
+        for connection in idle:
+            connection.close()
+    with httpx.Client(base_url=f"http://127.0.0.1:{command}", timeout=60) as client:
+        deadline = time.monotonic() + 10
+        while client.get("/health").status_code != 200:  # the connections are gone
+            assert time.monotonic() < deadline, "the closed connections still counted"
+            time.sleep(0.05)
+
+
+def test_sigterm_drains_the_request_in_flight_and_exits_0_leaving_no_files(
+    tmp_path: Path,
+) -> None:
+    server, port = start_command(tmp_path)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if client.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline and server.poll() is None, "did not start"
-                time.sleep(0.2)
             # A big picture, so that the request is still being rendered when the signal comes.
             big = [
                 {
@@ -449,6 +826,7 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(tmp_path: Path) -> Non
             request.join(60)
         assert server.wait(60) == 0
         assert answers and answers[0].status_code == 200
+        assert not list(tmp_path.glob("mmproc-serve-*"))  # the demo model's folder is gone
     finally:
         if server.poll() is None:
             server.kill()

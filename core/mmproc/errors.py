@@ -15,7 +15,8 @@ of them::
     ├── ProcessorLoadError           a model folder's HF processor cannot be built
     ├── MediaItemError               a request's media item: .modality, .index
     ├── PromptUpdateError            the prompt and the items do not line up
-    ├── ChatRequestError             a chat request's message or part: .message_index, .part_index
+    ├── ChatRequestError             a chat request's message or part: .message_index, .part_index,
+    │                                or another field of it: .field
     │   └── ChatTemplateError        the chat template failed to render it
     ├── FieldSpecError               a model's fields do not fit its outputs
     ├── ProcessingError              the model's processor failed on a request
@@ -181,7 +182,9 @@ class ChatRequestError(MmprocError, ValueError):
 
     ``message_index`` and ``part_index`` are ``None`` when the problem is not one message or one
     part (the messages are not a list; the template refused the conversation as a whole). For a
-    media part, ``modality`` and ``item_index`` say which item of the request it became.
+    media part, ``modality`` and ``item_index`` say which item of the request it became. When
+    the problem is a field of the request other than a message, ``field`` names it as a client
+    wrote it (``"tools[2]"``, ``"documents"``, ``"continue_final_message"``).
     """
 
     def __init__(
@@ -192,6 +195,7 @@ class ChatRequestError(MmprocError, ValueError):
         part_index: int | None = None,
         modality: str | None = None,
         item_index: int | None = None,
+        field: str | None = None,
     ) -> None:
         where = ""
         if message_index is not None:
@@ -204,6 +208,7 @@ class ChatRequestError(MmprocError, ValueError):
         self.part_index = part_index
         self.modality = modality
         self.item_index = item_index
+        self.field = field
 
 
 class ChatTemplateError(ChatRequestError):

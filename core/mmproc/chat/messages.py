@@ -31,7 +31,10 @@ processor's ``allowed_media_paths``): the processor's media rules decide, as for
 cache holds the item. Items keep message order across turns: an image in the first
 message and one in the third are image items 0 and 1.
 
-Everything wrong is a :class:`~mmproc.errors.ChatRequestError` naming the message and the part.
+Everything wrong is a :class:`~mmproc.errors.ChatRequestError` naming the message and the part;
+a message nested deeper than :data:`MAX_NESTING` levels is refused (what the template, the marking
+of control tokens and copying do with a message walks it recursively, and a JSON parser hands
+over up to a thousand levels).
 """
 
 from __future__ import annotations
@@ -45,7 +48,19 @@ from typing import Any
 
 from mmproc.errors import ChatRequestError
 
-__all__ = ["ChatItem", "ChatMessage", "MediaPart", "ParsedChat", "parse_messages"]
+__all__ = [
+    "MAX_NESTING",
+    "ChatItem",
+    "ChatMessage",
+    "MediaPart",
+    "ParsedChat",
+    "nested_deeper_than",
+    "parse_messages",
+]
+
+#: The deepest nesting of lists and mappings taken in one message (or one tool, document or
+#: template variable): far beyond what chats use, far below Python's recursion limit.
+MAX_NESTING = 64
 
 # part type -> (modality, key of the mapping holding the URL)
 _URL_PARTS = {
@@ -146,10 +161,12 @@ def parse_messages(
     """
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
         raise ChatRequestError(
-            f"messages must be a list of messages, not {type(messages).__name__}"
+            f"messages must be a list of messages, not {type(messages).__name__}", field="messages"
         )
     if not messages:
-        raise ChatRequestError("messages is empty: a chat request needs at least one message")
+        raise ChatRequestError(
+            "messages is empty: a chat request needs at least one message", field="messages"
+        )
     parsed = ParsedChat([])
     for m, message in enumerate(messages):
         parsed.messages.append(_parse_message(m, message, parsed, modalities, model, max_items))
@@ -167,6 +184,11 @@ def _parse_message(
     if not isinstance(message, Mapping):
         raise ChatRequestError(
             f"a message must be a mapping with 'role' and 'content', not {type(message).__name__}",
+            message_index=m,
+        )
+    if nested_deeper_than(message, MAX_NESTING):
+        raise ChatRequestError(
+            f"it is nested deeper than {MAX_NESTING} levels of lists and mappings",
             message_index=m,
         )
     role = message.get("role")
@@ -282,6 +304,24 @@ def _parse_part(m: int, p: int, part: Any) -> tuple[str, ChatItem | None]:
             value = _url_item(value)
         return "", ChatItem(kind, value, uuid, m, p)
     raise refuse(f"unknown content part type {_show(kind)}; known: {', '.join(_KNOWN_PARTS)}")
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` holds lists or mappings (tuples too) more than ``limit`` levels deep;
+    walked without recursion, so any depth can be asked about."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Mapping):
+            children: Any = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _url_item(url: str) -> str:

@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmproc.chat.control_tokens import control_token_pattern, encode_chat, mark_control_tokens
-from mmproc.chat.messages import ChatMessage, MediaPart, ParsedChat, parse_messages
+from mmproc.chat.messages import (
+    MAX_NESTING,
+    ChatMessage,
+    MediaPart,
+    ParsedChat,
+    nested_deeper_than,
+    parse_messages,
+)
 from mmproc.chat.template import content_format, find_chat_template, render_chat
 from mmproc.errors import ChatRequestError
 
@@ -64,25 +71,55 @@ class ChatOptions:
     add_special_tokens: bool | None = None
 
     def __post_init__(self) -> None:
+        # Each error names the option (``field``) as a request body spells it.
         if self.add_special_tokens not in (None, True, False):
             raise ChatRequestError(
-                f"add_special_tokens must be True, False or None, got {self.add_special_tokens!r}"
+                f"add_special_tokens must be True, False or None, got {self.add_special_tokens!r}",
+                field="add_special_tokens",
             )
         for name in ("add_generation_prompt", "continue_final_message", "keep_control_tokens"):
             if not isinstance(getattr(self, name), bool):
-                raise ChatRequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
+                raise ChatRequestError(
+                    f"{name} must be True or False, got {type(getattr(self, name)).__name__}",
+                    field=name,
+                )
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ChatRequestError(
+                "add_generation_prompt and continue_final_message cannot both be set: one opens a "
+                "new assistant message, the other continues the last one",
+                field="continue_final_message",
+            )
         if not isinstance(self.chat_template_kwargs, Mapping):
             raise ChatRequestError(
-                f"chat_template_kwargs must be a mapping, got {type(self.chat_template_kwargs)}"
+                f"chat_template_kwargs must be a mapping, got {type(self.chat_template_kwargs)}",
+                field="chat_template_kwargs",
             )
+        _check_nesting(self.chat_template_kwargs, "chat_template_kwargs")
         for name in ("tools", "documents"):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, str | bytes)
-                or not isinstance(value, Sequence)
-                or not all(isinstance(entry, Mapping) for entry in value)
-            ):
-                raise ChatRequestError(f"{name} must be a list of mappings, got {value!r:.64}")
+            if value is None:
+                continue
+            if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+                raise ChatRequestError(
+                    f"{name} must be a list of mappings, got {type(value).__name__}", field=name
+                )
+            for index, entry in enumerate(value):
+                if not isinstance(entry, Mapping):
+                    raise ChatRequestError(
+                        f"{name} must be a list of mappings; entry {index} is "
+                        f"{type(entry).__name__}",
+                        field=f"{name}[{index}]",
+                    )
+                _check_nesting(entry, f"{name}[{index}]")
+
+
+def _check_nesting(value: Any, field: str) -> None:
+    # Marking control tokens and rendering walk these recursively.
+    if nested_deeper_than(value, MAX_NESTING):
+        raise ChatRequestError(
+            f"{field} is nested deeper than {MAX_NESTING} levels of lists and mappings",
+            field=field,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +189,18 @@ class ChatRenderer:
         chat = parse_messages(
             messages, modalities=self._placeholders, model=self._model, max_items=self._max_items
         )
-        template = find_chat_template(
-            self._processor,
-            self._tokenizer,
-            options.chat_template,
-            with_tools=bool(options.tools),
-        )
-        as_parts = content_format(template) == "openai"  # (parses it: a bad template fails here)
+        try:
+            template = find_chat_template(
+                self._processor,
+                self._tokenizer,
+                options.chat_template,
+                with_tools=bool(options.tools),
+            )
+            as_parts = content_format(template) == "openai"  # (parses it: a bad one fails here)
+        except ChatRequestError as exc:
+            if options.chat_template is None:
+                raise  # the model folder's own templates
+            raise type(exc)(str(exc), field="chat_template") from exc
         messages_in = _developer_as_system(chat.messages, template)
         mark = not options.keep_control_tokens
         pattern = self._pattern(template) if mark else None

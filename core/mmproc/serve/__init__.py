@@ -36,9 +36,17 @@ if TYPE_CHECKING:
     from mmproc.serve.app import ServeSettings, create_app
 
 
-def run(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+def run(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    limit_concurrency: int | None = None,
+) -> None:
     """Serve ``app`` with uvicorn until SIGTERM or SIGINT, which drain the requests in flight
-    (up to 30 s) before the process exits with status 0."""
+    (up to 30 s) before the process exits with status 0. Past ``limit_concurrency`` connections
+    (``ServeSettings.connection_limit``) uvicorn answers 503 itself."""
     import signal
 
     import uvicorn
@@ -53,5 +61,6 @@ def run(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str =
         log_level=log_level,
         timeout_graceful_shutdown=30,
         access_log=False,
+        limit_concurrency=limit_concurrency,
     )
     uvicorn.Server(config).run()

@@ -6,43 +6,61 @@ render format, :mod:`mmproc.serve.protocol`), ``GET /health``, ``GET /v1/models`
 
 What each request goes through, and what it may cost:
 
-* its body is read up to ``max_body_bytes`` (413 over it; a ``Content-Length`` over it is refused
-  before reading) and parsed (400 for JSON that is not an object of the right fields);
-* it waits for one of ``max_concurrency`` render slots; with ``max_queue`` requests already
-  waiting it is refused at once: 503 with ``Retry-After``;
-* it is rendered within ``request_timeout_s`` (504 past it): the chat template, the media
+* a ``Content-Length`` over ``max_body_bytes`` is refused at once (413), as is a content type
+  other than JSON;
+* it takes a place among the ``max_concurrency + max_queue`` requests the server admits, or is
+  refused at once (503 with ``Retry-After``) when they are all taken: nothing of its body is
+  read before it has a place, so the bodies held at once are bounded;
+* its body is read, up to ``max_body_bytes`` (413 over it), within ``request_timeout_s`` (408
+  past it): the time a body takes to arrive is the request's time;
+* it waits for one of ``max_concurrency`` render slots, then is parsed (400 for JSON that is
+  not an object of the right fields; a large body is parsed off the event loop) and rendered
+  within what is left of ``request_timeout_s`` (504 past it): the chat template, the media
   (decoded on the processor's IO pool, preprocessed on its workers, cached), and the answer —
   items in vLLM's ``kwargs_data`` (encoded once per item and kept in a byte-bounded LRU, so a
   repeated image is answered without encoding it again), or, with an engine, the request sent
-  over mmproc's wire and answered once the engine acknowledged it (502 when it refused it or
-  never acknowledged it).
+  over mmproc's wire under an id of the server's own and answered once the engine acknowledged
+  it (502 when it refused it or never acknowledged it).
 
-Every refusal is OpenAI's error JSON; a bad chat input is a 400 naming the message and the part
-(``param``: ``messages[1].content[0]``). No traceback ever reaches a client: an unexpected error
-is a 500 saying only that, logged in full here. One bad request never affects another.
+Every refusal is OpenAI's error JSON. A fault of the request is a 400 naming the field, the
+message and the part (``param``: ``messages[1].content[0]``, ``tools[2]``); a fault on the
+server's side (the model's processor failing, a plugin's hook that is wrong, a model folder with
+no chat template) is a 500 saying only that, its traceback logged here; a worker process that
+died under a request is a 503 with ``Retry-After``. No traceback ever reaches a client. One bad
+request never affects another.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from mmproc.errors import ChatRequestError, MmprocError
+from mmproc.chat.template import find_chat_template
+from mmproc.errors import (
+    ChatRequestError,
+    ChatTemplateError,
+    EncodeError,
+    MediaItemError,
+    MmprocError,
+    PromptUpdateError,
+    WorkerProcessError,
+)
 from mmproc.fields import FieldSpec
 from mmproc.processed import ProcessedInputs
 from mmproc.processor import Processor
@@ -62,6 +80,10 @@ __all__ = ["ServeSettings", "create_app"]
 logger = logging.getLogger(__name__)
 
 _DEFAULT_PIXEL_KEYS = frozenset({"pixel_values", "pixel_values_videos"})
+# Bodies larger than this are parsed and checked on a thread, off the loop all requests share.
+_PARSE_OFF_LOOP_BYTES = 1 << 20
+# Connections uvicorn takes beyond the admitted requests: for /health, /metrics, /v1/models.
+_PROBE_CONNECTIONS = 64
 
 
 @dataclass(frozen=True)
@@ -73,13 +95,23 @@ class ServeSettings:
     ``max_model_len``
         the model's context, for the default ``max_tokens`` (None: no default).
     ``max_body_bytes``
-        the largest request body (default 64 MiB).
+        the largest request body (default 64 MiB). The bodies held at once are at most
+        ``(max_concurrency + max_queue) * max_body_bytes``: size the three to the host.
     ``max_concurrency`` / ``max_queue``
-        requests rendered at once (default 64), and waiting beyond them (default 256).
+        requests rendered at once (default 64), and admitted beyond them (default 256): waiting
+        for a render slot, or their bodies still arriving.
     ``request_timeout_s``
-        the longest a request is rendered (default 60 s).
+        the longest a request may take, from its first byte of body to its answer, its wait for
+        a render slot aside (default 60 s).
     ``trust_request_chat_template``
         accept a ``chat_template`` in requests (default no: it is code the server runs).
+    ``trust_request_ids``
+        take a content part's ``"uuid"`` as the id of its item (vLLM's ``multi_modal_uuids``:
+        the processor's cache and the answer's ``mm_hashes`` then key the item by it, and a part
+        may leave its data out when the cache holds it). Default no: every item is keyed by its
+        content and a part's ``uuid`` is dropped, since with ids taken one client could fetch,
+        by naming its id, what another client sent. Only for callers that share one tenant (an
+        engine's own front end, whose ids are namespaced already).
     ``engine``
         an ``ipc://`` or ``tcp://`` address: send every rendered request to the engine over
         mmproc's wire instead of answering its tensors.
@@ -97,10 +129,18 @@ class ServeSettings:
     max_queue: int = 256
     request_timeout_s: float = 60.0
     trust_request_chat_template: bool = False
+    trust_request_ids: bool = False
     engine: str | None = None
     engine_ack_timeout_s: float | None = None
     engine_max_attempts: int | None = None
     encoded_item_cache_bytes: int = 1 << 30
+
+    @property
+    def connection_limit(self) -> int:
+        """The connections to let uvicorn keep at once (``limit_concurrency``; it answers 503
+        beyond them): every request the server admits, and some for health checks and
+        scrapes."""
+        return self.max_concurrency + self.max_queue + _PROBE_CONNECTIONS
 
 
 _Pieces = list[bytes]  # an encoded item: ASCII pieces whose concatenation is its base64
@@ -112,6 +152,18 @@ def _size(pieces: _Pieces | None) -> int:
 
 class _Busy(Exception):
     """Every render slot is taken and the queue is full."""
+
+
+class _BodyTimeout(Exception):
+    """The request's body did not arrive in time."""
+
+
+class _ServerFault(Exception):
+    """A request the server cannot serve for a fault of its own (a 500, whoever asks)."""
+
+
+_Checked = TypeVar("_Checked")
+_Render = Callable[[bytes, Request], Awaitable[Response]]  # a route's body -> its answer
 
 
 class _EncodedItems:
@@ -154,8 +206,19 @@ class _Server:
         self.encoded = _EncodedItems(settings.encoded_item_cache_bytes)
         self.engine: EngineLink | None = None
         self._slots = asyncio.Semaphore(settings.max_concurrency)
-        self._waiting = 0
+        self._admitted = 0
         self._fields: dict[tuple[str, frozenset[str]], Mapping[str, FieldSpec]] = {}
+        self._max_text_chars = processor.ctx.processor_options.max_prompt_chars
+        tokenizer = getattr(processor.hf_processor, "tokenizer", processor.hf_processor)
+        self._max_token_id = _max_token_id(tokenizer)
+        # A model folder without the template a chat needs fails every such chat the same way:
+        # found out here, said once in the log, and each of those chats is a 500.
+        self._template_fault = {
+            tools: _template_fault(processor.hf_processor, tokenizer, with_tools=tools)
+            for tools in (False, True)
+        }
+        for fault in dict.fromkeys(f for f in self._template_fault.values() if f):
+            logger.warning("mmproc serve: %s; chat requests that need it will fail (500)", fault)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -178,19 +241,17 @@ class _Server:
 
     # --- admission -------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def admitted(self) -> AsyncIterator[None]:
-        if self._slots.locked() and self._waiting >= self.settings.max_queue:
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        """A place among the requests the server holds (rendering, waiting for a slot, or
+        their bodies arriving), or :class:`_Busy` at once."""
+        if self._admitted >= self.settings.max_concurrency + self.settings.max_queue:
             raise _Busy
-        self._waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self._waiting -= 1
+        self._admitted += 1
         try:
             yield
         finally:
-            self._slots.release()
+            self._admitted -= 1
 
     # --- the routes ------------------------------------------------------------------------
 
@@ -222,17 +283,12 @@ class _Server:
         body, content_type = self.metrics.exposition()
         return Response(body, media_type=content_type)
 
-    async def _handle(self, request: Request, endpoint: str, render: Any) -> Response:
+    async def _handle(self, request: Request, endpoint: str, render: _Render) -> Response:
         start = time.perf_counter()
         self.metrics.in_flight.inc()
         try:
             try:
-                body = await self._body(request)
-                async with self.admitted():
-                    self.metrics.observe(endpoint, "queue", time.perf_counter() - start)
-                    answer = await asyncio.wait_for(
-                        render(body, request), self.settings.request_timeout_s
-                    )
+                answer = await self._admit_and_render(request, endpoint, render, start)
             except BadRequest as exc:
                 return self._error(endpoint, exc.kind, str(exc), exc.status, exc.param)
             except _Busy:
@@ -241,6 +297,13 @@ class _Server:
                 )
                 response.headers["Retry-After"] = "1"
                 return response
+            except _BodyTimeout:
+                return self._error(
+                    endpoint,
+                    "TimeoutError",
+                    f"the request body did not arrive within {self.settings.request_timeout_s:g} s",
+                    408,
+                )
             except TimeoutError:
                 return self._error(
                     endpoint,
@@ -248,12 +311,22 @@ class _Server:
                     f"the request took longer than {self.settings.request_timeout_s:g} s",
                     504,
                 )
+            except ClientDisconnect:
+                # Nobody reads this answer: counted (as nginx's 499, the client closed the
+                # request), not logged, since any client can do it at will.
+                return self._error(endpoint, "ClientDisconnect", "the client went away", 499)
             except EngineRefused as exc:
                 return self._error(endpoint, "EngineError", str(exc), 502)
-            except ChatRequestError as exc:
-                return self._error(endpoint, "BadRequestError", str(exc), 400, _chat_param(exc))
             except MmprocError as exc:
-                return self._error(endpoint, "BadRequestError", str(exc), 400)
+                return self._mmproc_error(endpoint, exc)
+            except _ServerFault as exc:
+                return self._error(endpoint, "InternalServerError", str(exc), 500)
+            except RecursionError:
+                # The bounds on nesting should leave nothing to get here; if something does, it
+                # is still the request's shape, not the server's fault.
+                return self._error(
+                    endpoint, "BadRequestError", "the request is nested too deeply", 400
+                )
             except Exception:
                 logger.exception("an unexpected error while rendering a %s request", endpoint)
                 return self._error(endpoint, "InternalServerError", "internal server error", 500)
@@ -263,14 +336,11 @@ class _Server:
         finally:
             self.metrics.in_flight.dec()
 
-    def _error(
-        self, endpoint: str, kind: str, message: str, status: int, param: Any = None
+    async def _admit_and_render(
+        self, request: Request, endpoint: str, render: _Render, start: float
     ) -> Response:
-        self.metrics.requests.labels(endpoint, str(status)).inc()
-        self.metrics.errors.labels(endpoint, kind).inc()
-        return _json(error_body(message, kind, status, param), status=status)
-
-    async def _body(self, request: Request) -> Any:
+        """Admission, the body, a render slot, then ``render(body, request)``, in that order:
+        nothing is read for a request the server has no place for."""
         limit = self.settings.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -282,6 +352,52 @@ class _Server:
             raise BadRequest(
                 f"Unsupported Media Type: {content_type[:64]!r}, expected application/json"
             )
+        budget = self.settings.request_timeout_s
+        with self.admitted():
+            began = time.perf_counter()
+            try:
+                raw = await asyncio.wait_for(self._read_body(request), budget)
+            except TimeoutError:
+                raise _BodyTimeout from None
+            async with self._slots:
+                self.metrics.observe(endpoint, "queue", time.perf_counter() - start)
+                left = budget - (time.perf_counter() - began)
+                return await asyncio.wait_for(render(raw, request), max(left, 0.0))
+
+    def _error(
+        self, endpoint: str, kind: str, message: str, status: int, param: Any = None
+    ) -> Response:
+        self.metrics.requests.labels(endpoint, str(status)).inc()
+        self.metrics.errors.labels(endpoint, kind).inc()
+        return _json(error_body(message, kind, status, param), status=status)
+
+    def _mmproc_error(self, endpoint: str, exc: MmprocError) -> Response:
+        """An mmproc error as the fault it is: the request's (400), a worker process lost under
+        it (503), or the server's (500, logged)."""
+        if isinstance(exc, ChatRequestError):
+            return self._error(endpoint, "BadRequestError", str(exc), 400, _chat_param(exc))
+        if isinstance(exc, MediaItemError | PromptUpdateError):
+            return self._error(endpoint, "BadRequestError", str(exc), 400)
+        if isinstance(exc, WorkerProcessError):
+            logger.warning("a %s request lost its worker process: %s", endpoint, exc)
+            response = self._error(
+                endpoint,
+                "ServiceUnavailableError",
+                "a preprocessing worker failed under the request: retry it",
+                503,
+            )
+            response.headers["Retry-After"] = "1"
+            return response
+        logger.error("a %s request failed on the server's side", endpoint, exc_info=exc)
+        return self._error(
+            endpoint,
+            "InternalServerError",
+            "the server failed to process the request (its fault, logged there)",
+            500,
+        )
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
         chunks = []
         size = 0
         async for chunk in request.stream():
@@ -291,21 +407,42 @@ class _Server:
                     f"the request body is over {limit:,} bytes", status=413, kind="RequestTooLarge"
                 )
             chunks.append(chunk)
-        try:
-            return orjson.loads(b"".join(chunks))
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+        return b"".join(chunks)
+
+    async def _parsed(self, raw: bytes, check: Callable[[Any], _Checked]) -> _Checked:
+        """``check`` (one of protocol's parsers) of the JSON in ``raw``; on a thread for a large
+        body, which also takes long to check."""
+
+        def parse() -> _Checked:
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+            return check(body)
+
+        if len(raw) <= _PARSE_OFF_LOOP_BYTES:
+            return parse()
+        return await asyncio.get_running_loop().run_in_executor(None, parse)
 
     # --- rendering -------------------------------------------------------------------------
 
-    async def _render_chat(self, body: Any, request: Request) -> Response:
+    async def _render_chat(self, raw: bytes, request: Request) -> Response:
         settings = self.settings
-        chat = parse_chat(
-            body,
-            served=settings.served_model_names,
-            header_request_id=request.headers.get("x-request-id"),
-            trust_chat_template=settings.trust_request_chat_template,
+        chat = await self._parsed(
+            raw,
+            functools.partial(
+                parse_chat,
+                served=settings.served_model_names,
+                header_request_id=request.headers.get("x-request-id"),
+                trust_chat_template=settings.trust_request_chat_template,
+                trust_request_ids=settings.trust_request_ids,
+                max_text_chars=self._max_text_chars,
+            ),
         )
+        if "chat_template" not in chat.chat_kwargs:
+            fault = self._template_fault[bool(chat.chat_kwargs.get("tools"))]
+            if fault is not None:
+                raise _ServerFault(f"the server cannot render chats: {fault}")
         begin = time.perf_counter()
         inputs = await self.processor.process_chat_async(chat.messages, **chat.chat_kwargs)
         self.metrics.observe("chat", "render", time.perf_counter() - begin)
@@ -326,12 +463,17 @@ class _Server:
         )
         return await self._respond(answer, "chat")
 
-    async def _render_completions(self, body: Any, request: Request) -> Response:
+    async def _render_completions(self, raw: bytes, request: Request) -> Response:
         settings = self.settings
-        completion = parse_completion(
-            body,
-            served=settings.served_model_names,
-            header_request_id=request.headers.get("x-request-id"),
+        completion = await self._parsed(
+            raw,
+            functools.partial(
+                parse_completion,
+                served=settings.served_model_names,
+                header_request_id=request.headers.get("x-request-id"),
+                max_text_chars=self._max_text_chars,
+                max_token_id=self._max_token_id,
+            ),
         )
         answers = []
         loop = asyncio.get_running_loop()
@@ -380,12 +522,19 @@ class _Server:
         engine_id = None
         if self.engine is not None:
             begin = time.perf_counter()
-            await self.engine.send(
-                inputs.to_engine_request(request_id, dict(sampling)),
-                timeout=self.settings.request_timeout_s,
-            )
+            # Request ids are the clients' to choose: the engine gets one of the server's own.
+            engine_id = self.engine.new_request_id(request_id)
+            try:
+                await self.engine.send(
+                    inputs.to_engine_request(engine_id, dict(sampling)),
+                    timeout=self.settings.request_timeout_s,
+                )
+            except EncodeError as exc:
+                # The processor's outputs always encode: what does not is what the request
+                # added, its sampling parameters (the wire nests less deeply than JSON).
+                raise BadRequest(f"the request cannot be sent to the engine: {exc}") from None
             self.metrics.observe(endpoint, "engine", time.perf_counter() - begin)
-            engine_id, with_tensors = request_id, False
+            with_tensors = False
         if not inputs.features:
             return None, engine_id
         begin = time.perf_counter()
@@ -503,12 +652,31 @@ def _json(value: Any, status: int = 200) -> Response:
 
 
 def _chat_param(exc: ChatRequestError) -> str | None:
+    if exc.field is not None:
+        return exc.field
     if exc.message_index is None:
-        return "messages"
+        return "messages"  # the conversation as a whole (the template refused it)
     param = f"messages[{exc.message_index}]"
     if exc.part_index is not None:
         param += f".content[{exc.part_index}]"
     return param
+
+
+def _max_token_id(tokenizer: Any) -> int | None:
+    """The largest token id the tokenizer has (None when it cannot say)."""
+    try:
+        return max(tokenizer.get_vocab().values())
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _template_fault(processor: Any, tokenizer: Any, *, with_tools: bool) -> str | None:
+    """Why the model folder has no chat template for a chat (with tools or not), or None."""
+    try:
+        find_chat_template(processor, tokenizer, None, with_tools=with_tools)
+    except ChatTemplateError as exc:
+        return str(exc)
+    return None
 
 
 def create_app(processor: Processor, settings: ServeSettings) -> Starlette:

@@ -3,19 +3,26 @@
 The processor options are ``get_processor``'s (``--workers``, ``--backend``, ``--option
 KEY=VALUE`` for any other); the media policy is closed by default, as a server for untrusted
 clients needs it: no local paths (``--allowed-media-path DIR`` opens a directory) and no URL
-fetching (``--remote-media-domain`` allows hosts); the limits of ``MediaLimits`` and the
-server's own (body size, concurrency, queue, time) have flags of their own.
+fetching (``--remote-media-domain`` allows hosts); items per request are capped
+(``--max-items-per-request``, 64 of each modality by default); request item ids are not taken
+(``--trust-request-ids`` takes them, for callers of one tenant); the limits of ``MediaLimits``
+and the server's own (body size, concurrency, queue, time) have flags of their own.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_arguments", "run_serve"]
+__all__ = ["DEFAULT_MAX_ITEMS_PER_REQUEST", "add_arguments", "run_serve"]
+
+#: Items of each modality one request may have, unless ``--max-items-per-request`` says otherwise:
+#: a server's clients need a bound (each part of a body is a decode), and a chat rarely needs more.
+DEFAULT_MAX_ITEMS_PER_REQUEST = 64
 
 
 def _positive_int(text: str) -> int:
@@ -72,6 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST",
         help="a host clients may name http(s) URLs on ('*.example.com'); default: URLs refused",
     )
+    parser.add_argument(
+        "--max-items-per-request",
+        type=_positive_int,
+        default=DEFAULT_MAX_ITEMS_PER_REQUEST,
+        metavar="N",
+        help="items of each modality one request may have (default "
+        f"{DEFAULT_MAX_ITEMS_PER_REQUEST}; the processor option max_items_per_request)",
+    )
     parser.add_argument("--max-item-bytes", type=_positive_int, help="MediaLimits.max_item_bytes")
     parser.add_argument(
         "--max-request-decoded-bytes",
@@ -86,6 +101,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trust-request-chat-template",
         action="store_true",
         help="accept a chat_template in requests (code the server runs)",
+    )
+    parser.add_argument(
+        "--trust-request-ids",
+        action="store_true",
+        help="take a content part's 'uuid' as its item's id (the cache and the answer's "
+        "mm_hashes key the item by it). Default: dropped, items keyed by their content, since "
+        "one client could otherwise fetch what another sent under an id. Only for callers of "
+        "one tenant, e.g. an engine's own front end that namespaces its ids",
     )
     parser.add_argument(
         "--engine", metavar="ADDR", help="send requests to this engine (ipc:// or tcp://)"
@@ -112,6 +135,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from mmproc.demo_models import describe_demo_models, open_model
     from mmproc.factory import get_processor
     from mmproc.media import MediaLimits, RemoteMedia
+    from mmproc.media.items import MODALITIES
 
     if args.list:
         print(describe_demo_models())
@@ -119,43 +143,58 @@ def run_serve(args: argparse.Namespace) -> int:
     from mmproc.serve import ServeSettings, create_app, run
 
     workdir = Path(tempfile.mkdtemp(prefix="mmproc-serve-"))
-    folder, described = open_model(args.model, workdir)
-    options: dict[str, Any] = dict(args.option)
-    if args.workers:
-        options["workers"] = args.workers
-    if args.backend:
-        options["backend"] = args.backend
-    if args.worker_kind:
-        options["worker_kind"] = args.worker_kind
-    options.setdefault("allowed_media_paths", args.allowed_media_path)
-    if args.remote_media_domain:
+    try:
+        folder, described = open_model(args.model, workdir)
+        options: dict[str, Any] = dict(args.option)
+        if args.workers:
+            options["workers"] = args.workers
+        if args.backend:
+            options["backend"] = args.backend
+        if args.worker_kind:
+            options["worker_kind"] = args.worker_kind
+        options.setdefault("allowed_media_paths", args.allowed_media_path)
         options.setdefault(
-            "remote_media", RemoteMedia(allowed_domains=tuple(args.remote_media_domain))
+            "max_items_per_request", dict.fromkeys(MODALITIES, args.max_items_per_request)
         )
-    limits = {
-        name: value
-        for name, value in (
-            ("max_item_bytes", args.max_item_bytes),
-            ("max_request_decoded_bytes", args.max_request_decoded_bytes),
+        if args.remote_media_domain:
+            options.setdefault(
+                "remote_media", RemoteMedia(allowed_domains=tuple(args.remote_media_domain))
+            )
+        limits = {
+            name: value
+            for name, value in (
+                ("max_item_bytes", args.max_item_bytes),
+                ("max_request_decoded_bytes", args.max_request_decoded_bytes),
+            )
+            if value is not None
+        }
+        if limits:
+            options.setdefault("media_limits", MediaLimits(**limits))
+        processor = get_processor(folder, warm_up=True, **options)
+        names = tuple(args.served_model_name) or (args.model or str(folder),)
+        settings = ServeSettings(
+            served_model_names=names,
+            max_model_len=args.max_model_len or _max_model_len(folder),
+            max_body_bytes=args.max_body_bytes,
+            max_concurrency=args.max_concurrency,
+            max_queue=args.max_queue,
+            request_timeout_s=args.timeout,
+            trust_request_chat_template=args.trust_request_chat_template,
+            trust_request_ids=args.trust_request_ids,
+            engine=args.engine,
         )
-        if value is not None
-    }
-    if limits:
-        options.setdefault("media_limits", MediaLimits(**limits))
-    processor = get_processor(folder, warm_up=True, **options)
-    names = tuple(args.served_model_name) or (args.model or str(folder),)
-    settings = ServeSettings(
-        served_model_names=names,
-        max_model_len=args.max_model_len or _max_model_len(folder),
-        max_body_bytes=args.max_body_bytes,
-        max_concurrency=args.max_concurrency,
-        max_queue=args.max_queue,
-        request_timeout_s=args.timeout,
-        trust_request_chat_template=args.trust_request_chat_template,
-        engine=args.engine,
-    )
-    print(
-        f"mmproc serve: {described}, as {names[0]!r}, on http://{args.host}:{args.port}", flush=True
-    )
-    run(create_app(processor, settings), host=args.host, port=args.port, log_level=args.log_level)
+        print(
+            f"mmproc serve: {described}, as {names[0]!r}, on http://{args.host}:{args.port}",
+            flush=True,
+        )
+        run(
+            create_app(processor, settings),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            limit_concurrency=settings.connection_limit,
+        )
+    finally:
+        # The demo model folders are written here; the processor has read what it needs.
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -12,6 +12,19 @@ the request's other fields passed through.
 
 Everything wrong in a body is a :class:`BadRequest` naming the field (``param``), answered with
 OpenAI's error JSON (``{"error": {"message", "type", "param", "code"}}``).
+
+What a body may not do, whoever sends it:
+
+* name its media items: a content part's ``"uuid"`` is dropped (items are keyed by their
+  content), unless the server trusts its callers' ids (``trust_request_ids``): the processor's
+  cache and the answer's ``mm_hashes`` take an id for the item it names, so one client's id
+  would fetch what another client sent under it;
+* nest a field deeper than :data:`~mmproc.chat.messages.MAX_NESTING` levels (what is echoed
+  back, serialised or walked recursively must stay far from the recursion limits);
+* carry more text than the processor's ``max_prompt_chars`` (chat text is counted before the
+  template renders it and the tokenizer runs on it, which is where the time would go);
+* give token ids the model's vocabulary does not have (an engine indexes its embeddings
+  with them).
 """
 
 from __future__ import annotations
@@ -20,6 +33,8 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from mmproc.chat.messages import MAX_NESTING, nested_deeper_than
 
 __all__ = [
     "SAMPLING_FIELDS",
@@ -60,6 +75,22 @@ SAMPLING_FIELDS = (
     "response_format",
 )
 _PASSED_THROUGH = ("cache_salt", "priority", "kv_transfer_params", "ec_transfer_params")
+# Fields process_chat checks itself, naming the message or the entry at fault.
+_CHAT_FIELDS = ("messages", "tools", "documents", "chat_template_kwargs")
+_TEXT_PARTS = ("text", "input_text", "output_text", "refusal", "thinking")
+# A content part's keys that hold (or name) its item's data, as chat.messages reads them.
+_MEDIA_KEYS = (
+    "image_url",
+    "video_url",
+    "audio_url",
+    "input_audio",
+    "url",
+    "path",
+    "image",
+    "video",
+    "audio",
+    "base64",
+)
 
 
 class BadRequest(Exception):
@@ -160,16 +191,25 @@ def parse_chat(
     served: tuple[str, ...],
     header_request_id: str | None,
     trust_chat_template: bool,
+    trust_request_ids: bool = False,
+    max_text_chars: int | None = None,
 ) -> ChatRender:
-    """Check a chat render body.
+    """Check a chat render body: its content parts' ``uuid`` dropped unless
+    ``trust_request_ids``, its text (media data aside) at most ``max_text_chars``.
 
     Raises:
         BadRequest: naming the field.
     """
     body = _object(body)
+    _check_nesting(body, skip=_CHAT_FIELDS)
     _check_model(body, served)
     if "messages" not in body:
         raise BadRequest("the request has no messages", param="messages")
+    messages = body["messages"]
+    if not trust_request_ids:
+        messages = _without_item_ids(messages)
+    if max_text_chars is not None:
+        _check_chat_text(body, max_text_chars)
     if body.get("chat_template") is not None and not trust_chat_template:
         raise BadRequest(
             "a chat template in the request is refused: this server renders with the model's own "
@@ -201,7 +241,7 @@ def parse_chat(
             chat_kwargs[name] = body[name]
     return ChatRender(
         request_id=_request_id(body, header_request_id, "chatcmpl"),
-        messages=body["messages"],
+        messages=messages,
         chat_kwargs=chat_kwargs,
         with_tensors=payload == "tensors",
         sampling=_sampling(body),
@@ -221,27 +261,52 @@ def parse_chat(
 
 
 def parse_completion(
-    body: Any, *, served: tuple[str, ...], header_request_id: str | None
+    body: Any,
+    *,
+    served: tuple[str, ...],
+    header_request_id: str | None,
+    max_text_chars: int | None = None,
+    max_token_id: int | None = None,
 ) -> CompletionRender:
-    """Check a completions render body.
+    """Check a completions render body: each text prompt at most ``max_text_chars``, each token
+    id at most ``max_token_id``.
 
     Raises:
         BadRequest: naming the field.
     """
     body = _object(body)
+    _check_nesting(body)
     _check_model(body, served)
     prompt = body.get("prompt")
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) or (
+        isinstance(prompt, list) and prompt and all(_is_token_id(p) for p in prompt)
+    ):
         prompts: list[str | list[int]] = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-        prompts = [list(prompt)]
+        names = ["prompt"]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         prompts = list(prompt)
+        names = [f"prompt[{index}]" for index in range(len(prompts))]
     else:
         raise BadRequest(
             "prompt must be a string, a list of strings, token ids or a list of token-id lists",
             param="prompt",
         )
+    for name, one in zip(names, prompts, strict=True):
+        if isinstance(one, str):
+            if max_text_chars is not None and len(one) > max_text_chars:
+                raise BadRequest(
+                    f"{name} has {len(one):,} characters, over the limit of {max_text_chars:,} "
+                    "(the processor's max_prompt_chars)",
+                    param=name,
+                )
+        elif not one or not all(_is_token_id(token) for token in one):
+            raise BadRequest(f"{name} must be a non-empty list of token ids", param=name)
+        elif max_token_id is not None and max(one) > max_token_id:
+            raise BadRequest(
+                f"{name} has token id {max(one)}, which the model's vocabulary does not have "
+                f"(its largest is {max_token_id})",
+                param=name,
+            )
     return CompletionRender(
         request_id=_request_id(body, header_request_id, "cmpl"),
         prompts=prompts,
@@ -250,6 +315,101 @@ def parse_completion(
         passed={name: body.get(name) for name in _PASSED_THROUGH},
         stream=_flag(body, "stream", False),
     )
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_nesting(body: Mapping[str, Any], skip: tuple[str, ...] = ()) -> None:
+    for name, value in body.items():
+        if name not in skip and nested_deeper_than(value, MAX_NESTING):
+            raise BadRequest(
+                f"{str(name)[:64]} is nested deeper than {MAX_NESTING} levels of lists and objects",
+                param=str(name)[:64],
+            )
+
+
+def _without_item_ids(messages: Any) -> Any:
+    """``messages`` with their content parts' ``uuid`` left out (a copy; what is not a list of
+    messages with content parts is left for process_chat to refuse)."""
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for m, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list) or not any(
+            isinstance(part, Mapping) and "uuid" in part for part in content
+        ):
+            out.append(message)
+            continue
+        parts = []
+        for p, part in enumerate(content):
+            if not isinstance(part, Mapping) or "uuid" not in part:
+                parts.append(part)
+                continue
+            if not _carries_data(part):
+                raise BadRequest(
+                    "the part names its item by a uuid alone, without its data: this server "
+                    "takes no item ids from requests (mmproc serve --trust-request-ids lets "
+                    "callers that share one tenant name their items)",
+                    param=f"messages[{m}].content[{p}]",
+                )
+            parts.append({key: value for key, value in part.items() if key != "uuid"})
+        out.append({**message, "content": parts})
+    return out
+
+
+def _carries_data(part: Mapping[str, Any]) -> bool:
+    for key in _MEDIA_KEYS:
+        value = part.get(key)
+        if isinstance(value, Mapping):
+            value = value.get("url", value.get("data"))
+        if value is not None:
+            return True
+    return False
+
+
+def _check_chat_text(body: Mapping[str, Any], limit: int) -> None:
+    """Refuse a chat whose text is over ``limit`` characters: its strings, keys included (a
+    rendered chat prints about that much), media parts not counted (they become placeholders),
+    each list and object counted as one (the template and the marking of control tokens visit
+    each)."""
+    total = 0
+    pending: list[Any] = [body.get(name) for name in _CHAT_FIELDS[1:]]
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else [messages]:
+        if isinstance(message, Mapping) and isinstance(message.get("content"), list):
+            pending.extend(value for key, value in message.items() if key != "content")
+            for part in message["content"]:
+                if isinstance(part, Mapping) and not _is_text_part(part):
+                    total += 1  # a media part (or a bad one, left for process_chat to refuse)
+                else:
+                    pending.append(part)
+        else:
+            pending.append(message)
+    while pending and total <= limit:
+        node = pending.pop()
+        if isinstance(node, str):
+            total += len(node)
+        elif isinstance(node, Mapping):
+            total += 1 + sum(len(key) for key in node if isinstance(key, str))
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            total += 1
+            pending.extend(node)
+    if total > limit:
+        raise BadRequest(
+            f"the chat's text is over {limit:,} characters (the processor's max_prompt_chars)",
+            param="messages",
+        )
+
+
+def _is_text_part(part: Mapping[str, Any]) -> bool:
+    kind = part.get("type")
+    if kind is None:
+        return "text" in part and not any(key in part for key in _MEDIA_KEYS)
+    return kind in _TEXT_PARTS
 
 
 def generate_request(
