@@ -164,7 +164,8 @@ def render_chat(
     if reserved:
         raise ChatRequestError(
             f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: they are "
-            "arguments of the request itself"
+            "arguments of the request itself",
+            field="chat_template_kwargs",
         )
     try:
         result: Any = render_jinja_template(

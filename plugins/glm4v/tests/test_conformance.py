@@ -1,8 +1,8 @@
 """mmproc's conformance suite on the glm4v plugin: each release, both image backends, video.
 
 GLM's prompt gives each video frame pair its timestamp, so its videos need their metadata: the
-suite's videos get one (frames sampled at 2 fps), and its transformers side takes them with it
-(``conftest.TransformersWithMetadata``), as a user calls transformers with a video's metadata.
+suite's videos get one (frames sampled at 2 fps), which the kit hands transformers with them, as a
+user calls transformers with a video's metadata.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ class GlmConformance(PluginConformance):
     }
 
     @pytest.fixture(autouse=True)
-    def _metadata(self, video_with_metadata: Any, transformers_with_metadata: Any) -> None:
+    def _metadata(self, video_with_metadata: Any) -> None:
         self.with_metadata = video_with_metadata
-        self.transformers = transformers_with_metadata
 
     def items(self, count: int, seed: int = 0, modality: str | None = None) -> list[Any]:
         """The suite's items; videos with the metadata of 2 fps sampling."""
@@ -33,23 +32,6 @@ class GlmConformance(PluginConformance):
         if (modality or self.modality) != "video":
             return items
         return [self.with_metadata(frames) for frames in items]
-
-    def check_against_hf(self, processor: Any, *args: Any, **kwargs: Any) -> Any:
-        """The suite's check, with transformers given each video's metadata."""
-        return super().check_against_hf(_Viewed(processor, self.transformers), *args, **kwargs)
-
-    def test_every_output_has_a_field(self, processor: Any) -> None:
-        super().test_every_output_has_a_field(_Viewed(processor, self.transformers))
-
-
-class _Viewed:
-    """A processor whose ``hf_processor`` is seen through ``view``."""
-
-    def __init__(self, processor: Any, view: Any) -> None:
-        self._processor, self.hf_processor = processor, view(processor.hf_processor)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._processor, name)
 
 
 class TestGlm41VImagesTorchvision(GlmConformance):

@@ -271,23 +271,24 @@ class TestNextIdentity(LlavaIdentity):
     tile = 336
     pinpoints = NEXT_PINPOINTS
 
-    def test_a_chat_is_what_transformers_renders_less_the_bos_it_adds(
+    def test_a_chat_is_what_transformers_renders_with_the_bos_the_tokenizer_adds(
         self, combo: Any, tokenised_chat: Callable[..., Any]
     ) -> None:
         # The Llama-style templates write no BOS: transformers' apply_chat_template lets the
-        # tokenizer add it (and refuses sanitize_control_tokens then), mmproc's process_chat
-        # tokenises a rendered chat without the tokenizer's additions (a core rule; see the
-        # plugin's README). All else is transformers' to the token.
+        # tokenizer add it, and so does process_chat (unless told add_special_tokens=False).
         processor, reference, norm = combo
         images = [noise_image(500, 300, seed=1020), noise_image(90, 700, seed=1021)]
         content = [*({"type": "image", "image": i} for i in images), {"type": "text", "text": "?"}]
         messages = [{"role": "user", "content": content}]
         out = processor.process_chat(messages)
         prompt = reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        hf = call_hf_processor(reference, prompt, {"image": images}, add_special_tokens=False)
+        hf = call_hf_processor(reference, prompt, {"image": images})
         self.assert_identical(out, hf, reference.tokenizer, normalised=norm)
         theirs = tokenised_chat(reference, messages)["input_ids"][0].tolist()
-        assert theirs == [reference.tokenizer.bos_token_id, *out.prompt_token_ids]
+        assert theirs == out.prompt_token_ids
+        assert out.prompt_token_ids[0] == reference.tokenizer.bos_token_id
+        bare = processor.process_chat(messages, add_special_tokens=False)
+        assert bare.prompt_token_ids == out.prompt_token_ids[1:]
 
 
 class TestNextVideoIdentity(VideoChecks, TestNextIdentity):
