@@ -1,20 +1,53 @@
-"""Process workers (``worker_kind="process"``): the HF calls in worker processes of their own,
-the cache and everything else in this one; the outputs those of the thread pool, bit for bit."""
+"""Process workers (``worker_kind="process"``): the HF calls in worker processes lent from an
+idle queue, the cache and everything else in this one; the outputs those of the thread pool, bit
+for bit; a worker that dies, hangs or never starts fails only its request and leaves no shared
+memory behind; errors cross from a worker with what they name."""
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
+import pickle
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import mmproc
+import mmproc.errors
 import numpy as np
 import pytest
 import torch
-from mmproc.errors import ConfigurationError, WorkerProcessError
+from mmproc.errors import (
+    ChatRequestError,
+    ChatTemplateError,
+    ConfigurationError,
+    DecodeError,
+    EncodeError,
+    FieldSpecError,
+    IncompatiblePluginError,
+    MediaItemError,
+    MmprocError,
+    PluginConflictError,
+    PluginError,
+    PluginLoadError,
+    PluginSpecError,
+    ProcessingError,
+    ProcessorLoadError,
+    PromptUpdateError,
+    UnknownArchitectureError,
+    WorkerProcessError,
+)
+from mmproc.process_workers import (
+    WorkerProcesses,
+    WorkerSpec,
+    _call_block_names,
+    _pack,
+    _portable,
+    _send_answer,
+)
 from mmproc.testing import noise_image
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -89,23 +122,49 @@ def wait_for_workers(processor: mmproc.Processor, count: int) -> list[int]:
     return processor._processes.pids  # type: ignore[union-attr]
 
 
-def test_a_worker_that_dies_fails_only_its_request_and_is_replaced(
+def wait_until(condition: Callable[[], bool], failure: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.02)
+
+
+def blocks_of_this_process() -> list[str]:
+    """The shared memory blocks of this process's calls still in /dev/shm: each call names its
+    blocks ``mmproc_<pid>_<call>_in`` / ``_out``."""
+    return sorted(path.name for path in Path("/dev/shm").glob(f"mmproc_{os.getpid()}_*"))
+
+
+def has_exited(pid: int) -> bool:
+    """Whether ``pid`` has exited, so that its parent can see it: a zombie with no thread left
+    but its first (a zombie whose other threads are still exiting cannot be waited for yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        return True
+    return state == "Z" and threads == 1
+
+
+def test_a_worker_that_dies_fails_only_its_request_and_one_dead_while_idle_fails_none(
     processes: mmproc.Processor,
 ) -> None:
     pids = wait_for_workers(processes, 2)
     for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    failed = 0
-    for seed in (7, 8):  # each worker is lent once before it is known dead
-        try:
-            processes.process(IMAGE, {"image": [noise_image(90, 60, seed=seed)]})
-        except WorkerProcessError as exc:
-            assert "died (exit code -9)" in str(exc)
-            failed += 1
-    assert failed == 2
-    replaced = wait_for_workers(processes, 2)
-    assert not set(replaced) & set(pids)
-    assert processes.process(IMAGE, {"image": [noise_image(90, 60, seed=9)]}).features
+        os.kill(pid, signal.SIGSTOP)  # whichever worker is lent the call, it holds it unanswered
+    with ThreadPoolExecutor(1) as caller:
+        request = caller.submit(processes.process, IMAGE, {"image": [noise_image(90, 60, seed=7)]})
+        wait_until(lambda: bool(blocks_of_this_process()), "the call never reached a worker")
+        for pid in pids:  # the one on the call, and the one idle
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerProcessError, match=r"died \(exit code -9\)"):
+            request.result(timeout=60)
+    assert blocks_of_this_process() == []
+    wait_until(lambda: all(has_exited(pid) for pid in pids), "the killed workers did not exit")
+    for seed in (8, 9):  # no request is given the worker that died idle
+        assert processes.process(IMAGE, {"image": [noise_image(90, 60, seed=seed)]}).features
+    assert not set(wait_for_workers(processes, 2)) & set(pids)
+    assert blocks_of_this_process() == []
 
 
 def test_a_worker_that_hangs_is_stopped_at_the_time_limit_and_replaced(
@@ -116,12 +175,103 @@ def test_a_worker_that_hangs_is_stopped_at_the_time_limit_and_replaced(
         os.kill(pid, signal.SIGSTOP)  # they hang
     with pytest.raises(WorkerProcessError, match=r"took longer than 5 s.*worker_timeout_s"):
         processes.process(IMAGE, {"image": [noise_image(90, 60, seed=10)]})
+    assert blocks_of_this_process() == []
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):  # the stopped one is gone
             os.kill(pid, signal.SIGCONT)
     replaced = wait_for_workers(processes, 2)
     assert len(set(replaced) - set(pids)) >= 1  # the one that timed out is a new process
     assert processes.process(IMAGE, {"image": [noise_image(90, 60, seed=11)]}).features
+
+
+def test_a_worker_that_hangs_at_start_up_is_stopped_and_its_calls_fail_naming_the_model(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "hangs"
+    folder.mkdir()
+    os.mkfifo(folder / "config.json")  # reading it waits for a writer that never comes
+    workers = WorkerProcesses(
+        WorkerSpec(str(folder)),
+        1,
+        timeout_s=5,
+        model="HangingModel",
+        background=False,  # as with warm_up=True: construction waits for the start
+        startup_timeout_s=2,
+    )
+    try:
+        with pytest.raises(
+            WorkerProcessError,
+            match=r"^HangingModel: no worker process: .* did not start within 2 s",
+        ):
+            workers.call(None, IMAGE, {"image": [noise_image(90, 60, seed=12)]}, {})
+        assert blocks_of_this_process() == []  # the items were never put in shared memory
+    finally:
+        workers.close()
+
+
+def test_outputs_that_cannot_be_sent_back_are_answered_with_an_error_and_freed() -> None:
+    worker_end, serving_end = multiprocessing.Pipe()
+    _, outputs_name = _call_block_names()
+    outputs = {"image": [{"pixel_values": torch.ones(4, 3), "made_by": lambda: None}]}
+    name, layout = _pack(outputs, outputs_name)
+    assert blocks_of_this_process() == [outputs_name]
+    assert _send_answer(worker_end, ("ok", (name, layout, None)), outputs_name, "Tiny (plugin 'x')")
+    status, detail = serving_end.recv()
+    assert status == "error"
+    with pytest.raises(ProcessingError, match=r"^Tiny \(plugin 'x'\): the outputs cannot be sent"):
+        raise pickle.loads(detail)
+    assert blocks_of_this_process() == []
+
+
+def test_a_media_item_error_from_a_worker_reaches_the_caller_with_its_item() -> None:
+    error = pickle.loads(_portable(MediaItemError("video", 2, "its frames are empty")))
+    assert type(error) is MediaItemError
+    assert (error.modality, error.index, error.reason) == ("video", 2, "its frames are empty")
+    assert str(error) == "video item 2: its frames are empty"
+
+
+def test_an_error_the_caller_cannot_rebuild_comes_back_as_a_processing_error_naming_it() -> None:
+    from mmproc_qwen_vl.image_fast_path import ImageSizeError  # its __init__ takes keywords
+
+    error = pickle.loads(_portable(ImageSizeError("too wide", height=1, width=300)))
+    assert type(error) is ProcessingError
+    assert str(error) == "ImageSizeError: too wide"
+
+
+ERRORS = [
+    MmprocError("something"),
+    ConfigurationError("workers must be positive"),
+    PluginError("it broke", plugin="tiny"),
+    PluginLoadError("tiny", distribution="mmproc-tiny", version="1.0", cause=ImportError("torch")),
+    IncompatiblePluginError("targets API 9", plugin="tiny"),
+    PluginSpecError("no such hook", plugin="tiny"),
+    PluginConflictError("TinyArch", ["b", "a"]),
+    UnknownArchitectureError("TinyArch", ["Other"], claimed_by_failed=["x"], not_loaded=["y"]),
+    ProcessorLoadError("no tokenizer"),
+    MediaItemError("image", 3, "too small"),
+    PromptUpdateError("two placeholders, one image", modality="image", item_index=1),
+    ChatRequestError("no such part", message_index=1, part_index=0, modality="image", item_index=2),
+    ChatTemplateError("the template raised", message_index=0),
+    FieldSpecError("no field for pixel_values"),
+    ProcessingError("the processor failed"),
+    WorkerProcessError("the worker died"),
+    EncodeError("a set cannot go on the wire"),
+    DecodeError("frame 2 is short"),
+]
+
+
+def test_the_pickling_examples_cover_every_error_class() -> None:
+    assert {type(error).__name__ for error in ERRORS} == set(mmproc.errors.__all__)
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=lambda error: type(error).__name__)
+def test_every_error_survives_pickling_with_its_message_and_attributes(error: MmprocError) -> None:
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert (str(copy), copy.args) == (str(error), error.args)
+    assert {key: repr(value) for key, value in vars(copy).items()} == {
+        key: repr(value) for key, value in vars(error).items()
+    }
 
 
 def test_process_workers_need_an_installed_plugin_and_a_folder(

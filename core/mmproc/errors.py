@@ -28,6 +28,7 @@ of them::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "ChatRequestError",
@@ -53,6 +54,19 @@ __all__ = [
 
 class MmprocError(Exception):
     """Base class of every error mmproc raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as its message and attributes, rebuilt without calling __init__: the errors'
+        # own __init__ take other arguments than the message, so the default (calling the class
+        # with ``args``) fails or composes the message twice. Process workers send errors back.
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type[MmprocError], args: tuple[Any, ...], state: dict[str, Any]) -> MmprocError:
+    """An error unpickled: ``cls`` with the ``args`` and attributes it was pickled with."""
+    error = cls.__new__(cls, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigurationError(MmprocError, ValueError):

@@ -1,20 +1,30 @@
 """Process workers: the HF processor calls in worker processes, past the GIL.
 
-With ``worker_kind="process"``, each thread of the worker pool hands its HF processor calls to
-a worker process of its own: the process runs the plugin's ``process_mm_data`` and
-``get_mm_fields`` on a processor it loaded itself (the same plugin, folder and options), and
-hands the per-item outputs back through one block of shared memory per call, not as pickled
-tensors. Everything else stays in the serving process: the cache (one for all workers), single
-flight, prompt updates, tokenising, so the outputs are those of the thread pool, bit for bit.
+With ``worker_kind="process"``, the serving process keeps as many worker processes as its worker
+pool has threads, the idle ones in one queue: each HF call a worker thread makes is lent the next
+idle process for the length of the call. The process runs the plugin's ``process_mm_data`` and
+``get_mm_fields`` on a processor it loaded itself (the same plugin, folder and options).
+Everything else stays in the serving process: the cache (one for all workers), single flight,
+prompt updates, tokenising, so the outputs are those of the thread pool, bit for bit.
+
+A call's items go to the worker in one block of shared memory (an image in mode ``L``, ``RGB`` or
+``RGBA`` as its pixel array, a video's frames, an audio waveform; any other item pickled), and
+its per-item outputs come back in another, copied out once into ordinary tensors. Whoever reads a
+block unlinks it. The blocks are kept out of the resource tracker (the process that makes one is
+not the one that frees it), so nothing would free a lost one: each is named after its call
+(``mmproc_<serving pid>_<call>_in`` / ``_out``), and once a call ends, its worker answered or
+stopped, the serving process unlinks whatever block of that call is left (items a dead worker
+never read, outputs a stopped worker made or sent).
 
 Workers are spawned (a fresh interpreter: no state forked from the server), side by side, each
 loading its processor once; by default in the background at start-up, so that construction does
-not wait (the first calls wait for their worker). A worker that dies (killed, a segfault, out of
-memory) fails only the call it was running, with a :class:`~mmproc.errors.WorkerProcessError`
-naming it and how it ended, and is replaced; a call that runs past ``worker_timeout_s`` has its
-worker stopped and replaced the same way. The items go to a worker pickled (images, frames,
-waveforms); the outputs come back in shared memory, copied out once into ordinary tensors and the
-block released.
+not wait (the first calls wait for their worker). A worker that cannot start, or does not within
+``startup_timeout_s``, is stopped: the call that would have had it fails with a
+:class:`~mmproc.errors.WorkerProcessError` saying why, and another is started. A worker that dies
+(killed, a segfault, out of memory) fails only the call it was running, with a
+``WorkerProcessError`` naming it and how it ended, and is replaced; one found dead while idle is
+replaced before it is lent; a call that runs past ``worker_timeout_s`` has its worker stopped and
+replaced the same way.
 
 A worker process costs its own interpreter with torch and transformers imported and the
 processor loaded (``benchmarks/workers.py`` prints start-up seconds and resident memory per
@@ -26,14 +36,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import pickle
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
@@ -46,6 +59,7 @@ __all__ = ["WorkerProcesses", "WorkerSpec"]
 logger = logging.getLogger(__name__)
 
 _ALIGN = 64  # bytes: every tensor in the shared block starts on a cache line
+_STOP_GRACE_S = 5.0  # how long a worker told to stop, or killed, is waited for at each step
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,33 @@ class WorkerSpec:
 
     model: str
     options: Mapping[str, Any] = field(default_factory=dict)
+
+
+# --- shared blocks --------------------------------------------------------------------------------
+
+
+def _call_block_names() -> tuple[str, str]:
+    """The names of one call's blocks, items and outputs: unique, and known to the serving
+    process before either exists, so it can unlink what a stopped worker left."""
+    call = f"mmproc_{os.getpid()}_{secrets.token_hex(4)}"
+    return f"{call}_in", f"{call}_out"
+
+
+def _new_block(name: str, size: int) -> SharedMemory:
+    block = SharedMemory(name=name, create=True, size=max(size, 1))
+    # The process that reads the block unlinks it, not this one's tracker.
+    resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
+    return block
+
+
+def _release(name: str | None) -> None:
+    """Unlink a shared block if it is still there."""
+    if name is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        block = SharedMemory(name=name)
+        block.close()
+        block.unlink()
 
 
 # --- the worker's side ---------------------------------------------------------------------------
@@ -73,6 +114,7 @@ def _worker_main(conn: Connection, spec: WorkerSpec) -> None:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     model, ctx, hf = processor.model, processor.ctx, processor.hf_processor
+    named = f"{ctx.architecture} (plugin {ctx.plugin!r})"
     conn.send(("ready", None))
     while True:
         try:
@@ -82,30 +124,53 @@ def _worker_main(conn: Connection, spec: WorkerSpec) -> None:
         if message is None:
             processor.close()
             return
-        mode, text, sent, kwargs = message
+        mode, text, sent, kwargs, outputs_name = message
+        answer: tuple[str, Any]
         try:
             items = _items_from(*sent)
             counts = {modality: len(values) for modality, values in items.items()}
             outputs = model.process_mm_data(ctx, mode, text, items, hf, kwargs)
             per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
             ids = outputs.get("input_ids") if "input_ids" in outputs else None
-            block, layout = _pack(per_item)
-            conn.send(("ok", (block, layout, None if ids is None else _first_row(ids))))
+            block, layout = _pack(per_item, outputs_name)
+            answer = ("ok", (block, layout, None if ids is None else _first_row(ids)))
         except BaseException as exc:
-            conn.send(("error", _portable(exc)))
+            _release(outputs_name)  # _pack may have made it before the failure
+            answer = ("error", _portable(exc))
+        if not _send_answer(conn, answer, outputs_name, named):
+            return
+
+
+def _send_answer(conn: Connection, answer: tuple[str, Any], outputs_name: str, named: str) -> bool:
+    """Send a call's answer; False when the serving process is gone. Outputs that cannot be sent
+    (a value that does not pickle) have their block released and are answered with the error."""
+    try:
+        conn.send(answer)
+        return True
+    except OSError:  # the pipe is closed: nobody will read the block
+        _release(outputs_name)
+        return False
+    except Exception as exc:  # pickling fails before anything is written: the pipe is intact
+        _release(outputs_name)
+        error = ProcessingError(
+            f"{named}: the outputs cannot be sent back from the worker process: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        conn.send(("error", pickle.dumps(error)))
+        return True
 
 
 # --- items to the worker --------------------------------------------------------------------------
 
-_ARRAY_MODES = frozenset({"RGB", "RGBA", "L"})
 
-
-def _items_to(items: Mapping[str, list[Any]]) -> tuple[str | None, list[Any]]:
-    """The items' pixels and samples in one shared block (an image as its array when that is
-    all it is; anything else pickled), and how to rebuild each."""
+def _items_to(items: Mapping[str, list[Any]], name: str) -> tuple[str | None, list[Any]]:
+    """The items' pixels and samples in one shared block named ``name`` (an image as its array
+    when that is all it is; anything else pickled), and how to rebuild each: the block's name
+    (None when nothing needed one) and the entries."""
     from PIL import Image
 
     from mmproc.media.items import AudioItem, VideoItem
+    from mmproc.media.video import ARRAY_MODES
 
     arrays: list[np.ndarray] = []
     described: list[Any] = []
@@ -124,7 +189,7 @@ def _items_to(items: Mapping[str, list[Any]]) -> tuple[str | None, list[Any]]:
         for value in values:
             if (
                 isinstance(value, Image.Image)
-                and value.mode in _ARRAY_MODES
+                and value.mode in ARRAY_MODES
                 and not value.info.get("transparency")
             ):
                 entries.append(("image", value.mode, *place(np.asarray(value))))
@@ -137,8 +202,7 @@ def _items_to(items: Mapping[str, list[Any]]) -> tuple[str | None, list[Any]]:
         described.append((modality, entries))
     if not arrays:
         return None, described
-    block = SharedMemory(create=True, size=max(offset, 1))
-    resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
+    block = _new_block(name, offset)
     try:
         position = 0
         for _, entries in described:
@@ -186,12 +250,13 @@ def _items_from(name: str | None, described: list[Any]) -> dict[str, list[Any]]:
 
 
 def _first_row(ids: Any) -> list[int]:
+    """The prompt's ids from the processor's ``input_ids`` (a batch of one, or one row)."""
     rows = ids.tolist() if hasattr(ids, "tolist") else list(ids)
     return list(rows[0]) if rows and isinstance(rows[0], list) else list(rows)
 
 
-def _portable(exc: BaseException) -> Any:
-    """``exc`` as the parent can raise it: itself when it pickles and unpickles, else a
+def _portable(exc: BaseException) -> bytes:
+    """``exc`` pickled as the parent can raise it: itself when it pickles and unpickles, else a
     ProcessingError saying what it was."""
     try:
         data = pickle.dumps(exc)
@@ -201,9 +266,10 @@ def _portable(exc: BaseException) -> Any:
         return pickle.dumps(ProcessingError(f"{type(exc).__name__}: {exc}"))
 
 
-def _pack(per_item: Mapping[str, list[dict[str, Any]]]) -> tuple[str | None, list[Any]]:
-    """Put every tensor of ``per_item`` into one shared memory block; the block's name and the
-    layout: per modality, per item, key -> ("tensor", dtype, shape, offset) or ("value", v)."""
+def _pack(per_item: Mapping[str, list[dict[str, Any]]], name: str) -> tuple[str | None, list[Any]]:
+    """Put every tensor of ``per_item`` into one shared memory block named ``name``; the block's
+    name (None when there is no tensor) and the layout: per modality, per item, key ->
+    ("tensor", dtype, shape, offset) or ("value", v)."""
     import torch
 
     arrays: list[np.ndarray] = []
@@ -228,9 +294,7 @@ def _pack(per_item: Mapping[str, list[dict[str, Any]]]) -> tuple[str | None, lis
         layout.append((modality, entries))
     if not arrays:
         return None, layout
-    block = SharedMemory(create=True, size=max(offset, 1))
-    # The serving process owns the block from here (it unlinks it): not this one's tracker.
-    resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
+    block = _new_block(name, offset)
     position = 0
     try:
         for entries_of in layout:
@@ -243,7 +307,6 @@ def _pack(per_item: Mapping[str, list[dict[str, Any]]]) -> tuple[str | None, lis
                     start = entry[3]
                     view = np.ndarray(array.shape, array.dtype, buffer=block.buf, offset=start)
                     view[...] = array
-        name = block.name
     finally:
         block.close()  # the parent unlinks it once it has copied the outputs out
     return name, layout
@@ -288,20 +351,15 @@ def _unpack(name: str | None, layout: list[Any]) -> dict[str, list[dict[str, Any
             block.unlink()
 
 
-def _release(name: str | None) -> None:
-    """Unlink a shared block if it is still there."""
-    if name is None:
-        return
-    with contextlib.suppress(FileNotFoundError):
-        block = SharedMemory(name=name)
-        block.close()
-        block.unlink()
-
-
 class _Worker:
-    """One worker process and the pipe to it."""
+    """One worker process and the pipe to it.
 
-    def __init__(self, spec: WorkerSpec, index: int) -> None:
+    Raises:
+        WorkerProcessError: the process could not start, or did not within ``startup_timeout_s``
+            (it is stopped).
+    """
+
+    def __init__(self, spec: WorkerSpec, index: int, *, startup_timeout_s: float) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
@@ -310,31 +368,49 @@ class _Worker:
         started = time.perf_counter()
         self.process.start()
         child.close()
-        status, detail = self.conn.recv() if self._alive_recv() else ("failed", "it exited")
+        status, detail = self._first_answer(startup_timeout_s)
         if status != "ready":
-            self.stop()
-            raise ProcessingError(f"worker process {index} could not start: {detail}")
+            self.stop(kill=status == "late")
+            raise WorkerProcessError(f"worker process {self.process.name} {detail}")
         self.startup_s = time.perf_counter() - started
 
-    def _alive_recv(self) -> bool:
+    def _first_answer(self, timeout_s: float) -> tuple[str, str | None]:
+        """``("ready", None)``, or why not: ``("failed", …)``, ``("late", …)``."""
+        deadline = time.monotonic() + timeout_s
         while not self.conn.poll(0.1):
             if not self.process.is_alive():
-                return False
-        return True
+                break
+            if time.monotonic() > deadline:
+                return "late", f"did not start within {timeout_s:g} s; it was stopped"
+        try:
+            status, detail = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(_STOP_GRACE_S)
+            return "failed", f"could not start: it exited (exit code {self.process.exitcode})"
+        return status, None if status == "ready" else f"could not start: {detail}"
 
     def stop(self, *, kill: bool = False) -> None:
         with contextlib.suppress(OSError, EOFError, BrokenPipeError):
             if not kill:
                 self.conn.send(None)
-        if kill or not _joined(self.process, 5):
+        if kill or not _joined(self.process, _STOP_GRACE_S):
             self.process.kill()
-            _joined(self.process, 5)
+            _joined(self.process, _STOP_GRACE_S)
         self.conn.close()
 
 
 def _joined(process: Any, timeout: float) -> bool:
     process.join(timeout)
     return not process.is_alive()
+
+
+@dataclass
+class _Lease:
+    """A worker lent to one call. ``busy``: the call was sent and is not answered yet, so the
+    worker's state is unknown should the call end there (it is then stopped, not lent again)."""
+
+    worker: _Worker
+    busy: bool = False
 
 
 class WorkerProcesses:
@@ -347,6 +423,7 @@ class WorkerProcesses:
         timeout_s: The longest one call may run before its worker is killed (None: no limit).
         model: How to name the model in errors.
         background: Start the workers in the background (the first calls wait for them).
+        startup_timeout_s: The longest a worker may take to start and load its processor.
     """
 
     def __init__(
@@ -357,10 +434,17 @@ class WorkerProcesses:
         timeout_s: float | None,
         model: str,
         background: bool = True,
+        startup_timeout_s: float = 300.0,
     ) -> None:
         self._spec = spec
         self._timeout = timeout_s
+        self._startup_timeout = startup_timeout_s
         self._model = model
+        # Every worker not idle is starting (it, or why it failed, is queued within the start-up
+        # timeout) or on a call (back, or stopped and restarted, within the call timeout).
+        self._wait_s = (
+            None if timeout_s is None else timeout_s + 2 * _STOP_GRACE_S + startup_timeout_s
+        )
         self._idle: queue.Queue[_Worker | BaseException] = queue.Queue()
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
@@ -383,7 +467,7 @@ class WorkerProcesses:
             index = self._started
             self._started += 1
         try:
-            worker = _Worker(self._spec, index)
+            worker = _Worker(self._spec, index, startup_timeout_s=self._startup_timeout)
         except BaseException as exc:
             self._idle.put(exc)  # the call that takes it says why
             return
@@ -393,6 +477,18 @@ class WorkerProcesses:
                 return
             self._all.append(worker)
         self._idle.put(worker)
+
+    def _respawn(self) -> None:
+        if not self._closed:
+            threading.Thread(target=self._spawn, daemon=True).start()
+
+    def _retire(self, worker: _Worker) -> None:
+        """Stop ``worker`` for good (killed: its state is unknown) and start another."""
+        with self._lock:
+            if worker in self._all:
+                self._all.remove(worker)
+        worker.stop(kill=True)
+        self._respawn()
 
     @property
     def startup_seconds(self) -> list[float]:
@@ -406,29 +502,43 @@ class WorkerProcesses:
         with self._lock:
             return [worker.process.pid for worker in self._all if worker.process.pid is not None]
 
+    def _take(self) -> _Worker:
+        """The next idle worker that is alive: one that died while idle is replaced, and the
+        next one taken."""
+        while True:
+            if self._closed:
+                raise ProcessingError(f"{self._model}: the worker processes are closed")
+            try:
+                found = self._idle.get(timeout=self._wait_s)
+            except queue.Empty:
+                raise WorkerProcessError(
+                    f"{self._model}: no worker process came free within {self._wait_s:g} s"
+                ) from None
+            if isinstance(found, BaseException):
+                self._respawn()  # try again for the calls to come
+                raise WorkerProcessError(
+                    f"{self._model}: no worker process: {found}; another is being started"
+                ) from found
+            if found.process.is_alive():
+                return found
+            logger.warning(
+                "%s: worker process %s died while idle (exit code %s); it is replaced",
+                self._model,
+                found.process.name,
+                found.process.exitcode,
+            )
+            self._retire(found)
+
     @contextlib.contextmanager
-    def _lent(self) -> Iterator[_Worker]:
-        found = self._idle.get()
-        if isinstance(found, BaseException):
-            threading.Thread(target=self._spawn, daemon=True).start()  # try again later
-            raise ProcessingError(f"{self._model}: no worker process: {found}") from found
-        worker = found
-        healthy = True
+    def _lent(self) -> Iterator[_Lease]:
+        lease = _Lease(self._take())
         try:
-            yield worker
-        except WorkerProcessError:
-            healthy = False
-            raise
+            yield lease
         finally:
-            if healthy:
-                self._idle.put(worker)
+            if lease.busy:
+                self._retire(lease.worker)
             else:
-                with self._lock:
-                    if worker in self._all:
-                        self._all.remove(worker)
-                worker.stop(kill=True)
-                if not self._closed:
-                    threading.Thread(target=self._spawn, daemon=True).start()
+                self._idle.put(lease.worker)
 
     def call(
         self, mode: Any, text: str, items: Mapping[str, list[Any]], kwargs: Mapping[str, Any]
@@ -437,40 +547,73 @@ class WorkerProcesses:
         ids when the processor expanded ``text`` (else None).
 
         Raises:
-            WorkerProcessError: the worker died or ran past the time limit (it is replaced).
+            WorkerProcessError: no worker could start, or the worker died or ran past the time
+                limit (it is replaced).
+            ProcessingError: the items or ``kwargs`` cannot be sent to a worker process.
             MmprocError: what the plugin's hook raised, as in a worker thread.
         """
-        sent = _items_to(items)
-        with self._lent() as worker:
-            try:
-                worker.conn.send((mode, text, sent, dict(kwargs)))
-                deadline = None if self._timeout is None else time.monotonic() + self._timeout
-                while not worker.conn.poll(0.05):
-                    if not worker.process.is_alive():
-                        raise EOFError
-                    if deadline is not None and time.monotonic() > deadline:
-                        _release(sent[0])
-                        raise WorkerProcessError(
-                            f"{self._model}: worker process {worker.process.name} took longer "
-                            f"than {self._timeout:g} s (the worker_timeout_s option) on this "
-                            "request's items: it was stopped, and is replaced"
-                        )
-                status, detail = worker.conn.recv()
-            except (EOFError, OSError, BrokenPipeError):
-                _release(sent[0])  # the items the dead worker may not have read
-                worker.process.join(5)  # a dead process is reaped at once: its exit code says how
-                code = worker.process.exitcode
-                raise WorkerProcessError(
-                    f"{self._model}: worker process {worker.process.name} died (exit code "
-                    f"{code}) while processing this request's items; it is replaced"
-                ) from None
-        if status == "error":
-            error = pickle.loads(detail)
-            if isinstance(error, MmprocError):
-                raise error
-            raise ProcessingError(f"{self._model}: {type(error).__name__}: {error}")
-        name, layout, ids = detail
-        return _unpack(name, layout), ids
+        items_name, outputs_name = _call_block_names()
+        try:
+            with self._lent() as lease:
+                message = self._message(mode, text, items, kwargs, items_name, outputs_name)
+                lease.busy = True
+                answer = self._exchange(lease.worker, message)
+                lease.busy = False
+            status, detail = pickle.loads(answer)
+            if status == "ok":
+                name, layout, ids = detail
+                return _unpack(name, layout), ids
+        finally:
+            # The worker answered or was stopped: what is left of this call's blocks is ours.
+            _release(items_name)
+            _release(outputs_name)
+        error = pickle.loads(detail)
+        if isinstance(error, MmprocError):
+            raise error
+        raise ProcessingError(f"{self._model}: {type(error).__name__}: {error}")
+
+    def _message(
+        self,
+        mode: Any,
+        text: str,
+        items: Mapping[str, list[Any]],
+        kwargs: Mapping[str, Any],
+        items_name: str,
+        outputs_name: str,
+    ) -> bytes:
+        """The call as the worker receives it (pickled here, so a value that cannot go to a
+        worker fails before the worker is sent anything)."""
+        try:
+            sent = _items_to(items, items_name)
+            return bytes(ForkingPickler.dumps((mode, text, sent, dict(kwargs), outputs_name)))
+        except Exception as exc:
+            raise ProcessingError(
+                f"{self._model}: the items or hf_kwargs cannot be sent to a worker process "
+                f"(worker_kind='process' pickles them): {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _exchange(self, worker: _Worker, message: bytes) -> bytes:
+        """Send ``message`` to ``worker`` and wait for its answer (pickled)."""
+        try:
+            worker.conn.send_bytes(message)
+            deadline = None if self._timeout is None else time.monotonic() + self._timeout
+            while not worker.conn.poll(0.05):
+                if not worker.process.is_alive():
+                    raise EOFError
+                if deadline is not None and time.monotonic() > deadline:
+                    raise WorkerProcessError(
+                        f"{self._model}: worker process {worker.process.name} took longer "
+                        f"than {self._timeout:g} s (the worker_timeout_s option) on this "
+                        "request's items: it was stopped, and is replaced"
+                    )
+            return worker.conn.recv_bytes()
+        except (EOFError, OSError):
+            worker.process.join(_STOP_GRACE_S)  # a dead process is reaped at once: its exit code
+            raise WorkerProcessError(
+                f"{self._model}: worker process {worker.process.name} died (exit code "
+                f"{worker.process.exitcode}) while processing this request's items; it is "
+                "replaced"
+            ) from None
 
     def close(self) -> None:
         """Stop every worker (idempotent)."""

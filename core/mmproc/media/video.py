@@ -58,6 +58,7 @@ from mmproc.media.sources import check_item_size, read_media_bytes
 # PyAV is imported where a video file first needs it: frames given decoded never load it.
 
 __all__ = [
+    "ARRAY_MODES",
     "DATA_URL_TYPES",
     "VIDEO_CONTAINERS",
     "VideoPlan",
@@ -542,13 +543,15 @@ def _video_from_array(raw: Any) -> np.ndarray:
 
 
 def _frame_to_array(image: Image.Image) -> np.ndarray:
-    if image.mode not in _ARRAY_MODES:
+    if image.mode not in ARRAY_MODES:
         image = image.convert("RGBA" if image.has_transparency_data else "RGB")
     arr = np.asarray(image)
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
-_ARRAY_MODES = frozenset(CHANNELS_TO_MODE.values())
+ARRAY_MODES = frozenset(CHANNELS_TO_MODE.values())
+"""The PIL modes whose pixels are an array as they are (``L``, ``RGB``, ``RGBA``); a frame in
+any other mode is converted first."""
 # A video's frames given as data: URLs are images.
 _FRAME_DATA_URL_TYPES: tuple[str, ...] = ("image/",)
 
