@@ -191,7 +191,7 @@ def test_a_worker_that_hangs_at_start_up_is_stopped_and_its_calls_fail_naming_th
     folder.mkdir()
     os.mkfifo(folder / "config.json")  # reading it waits for a writer that never comes
     workers = WorkerProcesses(
-        WorkerSpec(str(folder)),
+        WorkerSpec(str(folder), mmproc.get_processor),
         1,
         timeout_s=5,
         model="HangingModel",

@@ -20,7 +20,7 @@ of them::
     │   └── ChatTemplateError        the chat template failed to render it
     ├── FieldSpecError               a model's fields do not fit its outputs
     ├── ProcessingError              the model's processor failed on a request
-    │   └── WorkerProcessError       a worker process died or ran out of time (process workers)
+    │   └── WorkerProcessError       a worker process failed to start, died or ran out of time
     ├── EncodeError                  an object cannot go on the wire (also a TypeError)
     └── DecodeError                  a received message is malformed
 """
@@ -239,8 +239,9 @@ class ProcessingError(MmprocError):
 
 
 class WorkerProcessError(ProcessingError):
-    """A worker process (``worker_kind="process"``) died or ran past ``worker_timeout_s`` while
-    it processed a request's items; it is replaced, and only that request fails."""
+    """A worker process (``worker_kind="process"``) could not start, died, or ran past
+    ``worker_timeout_s`` while it processed a request's items; it is replaced, and only that
+    request fails."""
 
 
 # --- the wire ---------------------------------------------------------------------------------

@@ -138,5 +138,5 @@ def get_processor(
             **({"prefer": dict(prefer)} if prefer else {}),
             **plugin_options,
         }
-        spec = WorkerSpec(str(folder), shaping)
+        spec = WorkerSpec(str(folder), get_processor, shaping)
     return Processor(model, ctx, worker_spec=spec)

@@ -68,6 +68,7 @@ __all__ = [
     "PaddedField",
     "SharedField",
     "join_items",
+    "prompt_ids_row",
     "split_outputs",
 ]
 
@@ -464,3 +465,10 @@ def join_items(
     if missing:
         raise FieldSpecError(f"no field for item key(s) {', '.join(sorted(missing))}")
     return {key: fields[key].join(key, [item[key] for item in items]) for key in keys}
+
+
+def prompt_ids_row(input_ids: Any) -> list[int]:
+    """The prompt's ids from an HF processor's ``input_ids`` (a batch of one, or one row; a
+    tensor, an array or lists)."""
+    rows = input_ids.tolist() if hasattr(input_ids, "tolist") else list(input_ids)
+    return list(rows[0]) if rows and isinstance(rows[0], list) else list(rows)

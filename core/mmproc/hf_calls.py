@@ -16,23 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 from mmproc.context import ModelContext, ProcessingMode
 from mmproc.errors import FieldSpecError, MmprocError, ProcessingError, WorkerProcessError
-from mmproc.fields import split_outputs
+from mmproc.fields import prompt_ids_row, split_outputs
 from mmproc.item_failures import ItemRef, locate_failing_item
 
 if TYPE_CHECKING:
     from mmproc.model_hooks import ModelHooks
     from mmproc.process_workers import WorkerProcesses
 
-__all__ = ["HFCalls", "PerItem", "first_row"]
+__all__ = ["HFCalls", "PerItem"]
 
 PerItem = dict[str, list[dict[str, Any]]]
 """Outputs per item: modality -> one output mapping per item, in order."""
-
-
-def first_row(ids: Any) -> list[int]:
-    """The first row of a batch of token ids (a tensor, an array or nested lists), as ints."""
-    rows = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-    return list(rows[0]) if rows and isinstance(rows[0], list) else list(rows)
 
 
 class HFCalls:
@@ -60,7 +54,7 @@ class HFCalls:
             return self.processes.call(mode, text, dict(items), kwargs)
         outputs = self.model.process_mm_data(self.ctx, mode, text, dict(items), processor, kwargs)
         per_item = self._split(outputs, {m: len(v) for m, v in items.items()})
-        ids = first_row(outputs["input_ids"]) if "input_ids" in outputs else None
+        ids = prompt_ids_row(outputs["input_ids"]) if "input_ids" in outputs else None
         return per_item, ids
 
     def media_only(

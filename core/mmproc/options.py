@@ -101,9 +101,9 @@ class ProcessorOptions:
         (default :data:`DEFAULT_MAX_PROMPT_TOKENS`; ``None``: no limit).
     ``worker_kind``
         ``"thread"`` (default): workers are threads of this process, each with its processor
-        clone; ``"process"``: each worker thread hands its HF processor calls to a worker process
-        of its own (:mod:`mmproc.process_workers`), for hosts with more cores than one
-        interpreter uses.
+        clone; ``"process"``: the HF processor calls go to as many worker processes
+        (:mod:`mmproc.process_workers`), each call to the next idle one, for hosts with more
+        cores than one interpreter uses.
     ``worker_timeout_s``
         with process workers, the longest one HF call may run before its worker is stopped and
         replaced (default 300 s; ``None``: no limit).

@@ -42,7 +42,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
@@ -64,10 +64,13 @@ _STOP_GRACE_S = 5.0  # how long a worker told to stop, or killed, is waited for 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What a worker process builds its processor from: the model folder, the plugin options
-    and the core's options that shape the HF processor."""
+    """What a worker process builds its processor from: the model folder; ``build``, the
+    function that builds it (``mmproc.factory.get_processor``, given by the factory, so that
+    this module need not import the factory that imports it); the plugin options and the core's
+    options that shape the HF processor."""
 
     model: str
+    build: Callable[..., Any]
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -103,11 +106,10 @@ def _release(name: str | None) -> None:
 
 def _worker_main(conn: Connection, spec: WorkerSpec) -> None:
     """A worker process: build the processor, then answer calls until told to stop."""
-    from mmproc.factory import get_processor
-    from mmproc.fields import split_outputs
+    from mmproc.fields import prompt_ids_row, split_outputs
 
     try:
-        processor = get_processor(
+        processor = spec.build(
             spec.model, workers=1, warm_up=False, cache_bytes=0, **dict(spec.options)
         )
     except BaseException as exc:  # the parent says why the worker could not start
@@ -133,7 +135,7 @@ def _worker_main(conn: Connection, spec: WorkerSpec) -> None:
             per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
             ids = outputs.get("input_ids") if "input_ids" in outputs else None
             block, layout = _pack(per_item, outputs_name)
-            answer = ("ok", (block, layout, None if ids is None else _first_row(ids)))
+            answer = ("ok", (block, layout, None if ids is None else prompt_ids_row(ids)))
         except BaseException as exc:
             _release(outputs_name)  # _pack may have made it before the failure
             answer = ("error", _portable(exc))
@@ -247,12 +249,6 @@ def _items_from(name: str | None, described: list[Any]) -> dict[str, list[Any]]:
         if block is not None:
             block.close()
             block.unlink()
-
-
-def _first_row(ids: Any) -> list[int]:
-    """The prompt's ids from the processor's ``input_ids`` (a batch of one, or one row)."""
-    rows = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-    return list(rows[0]) if rows and isinstance(rows[0], list) else list(rows)
 
 
 def _portable(exc: BaseException) -> bytes:

@@ -266,8 +266,8 @@ class Processor:
         # Requests answered from the cache tokenise on their callers' threads: with a copy of
         # the tokenizer each, as many at once as the prepare pool runs.
         self._front = TokenizerClones(self._tokenizer, io_workers, self._pool.original_lock)
-        # With process workers, each worker thread hands its HF calls to a process of its own;
-        # everything else (cache, single flight, prompt updates) stays here.
+        # With process workers, each HF call is lent one of as many worker processes as there
+        # are worker threads; everything else (cache, single flight, prompt updates) stays here.
         self._processes: WorkerProcesses | None = None
         if worker_spec is not None:
             from mmproc.process_workers import WorkerProcesses
