@@ -42,6 +42,7 @@ __all__ = [
     "patch_settings_from_processor",
     "patchify_uint8",
     "rgb_pixels",
+    "rgbx_pixels",
     "smart_resize",
     "to_rgb",
 ]
@@ -232,7 +233,15 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
 
 
 def rgb_pixels(image: Image.Image) -> tuple[np.ndarray, object]:
-    """(H, W, 3) uint8 pixels of an RGB image, and what must stay alive while they are read.
+    """(H, W, 3) uint8 pixels of an RGB image, and what must stay alive while they are read
+    (a view of Pillow's memory where it exports it, see :func:`rgbx_pixels`; else a copy)."""
+    pixels, keep_alive = rgbx_pixels(image)
+    return pixels[..., :3], keep_alive
+
+
+def rgbx_pixels(image: Image.Image) -> tuple[np.ndarray, object]:
+    """An RGB image's pixels as Pillow holds them, and what must stay alive while they are read:
+    (H, W, 4) uint8 with the fourth byte unused, or (H, W, 3) where Pillow does not export them.
 
     Pillow (11.2+) exports an image held in one memory block through the Arrow C data
     interface, as ``+w:4`` (four bytes per pixel, the fourth unused) over its own memory: a view
@@ -245,7 +254,7 @@ def rgb_pixels(image: Image.Image) -> tuple[np.ndarray, object]:
         schema = _ArrowSchema.from_address(_capsule_pointer(schema_capsule, b"arrow_schema"))
         array = _ArrowArray.from_address(_capsule_pointer(array_capsule, b"arrow_array"))
     except (AttributeError, ValueError):
-        return np.asarray(image), None
+        return np.array(image), None
     pixels = width * height
     if (
         image.mode != "RGB"
@@ -253,7 +262,7 @@ def rgb_pixels(image: Image.Image) -> tuple[np.ndarray, object]:
         or schema.n_children != 1
         or (array.length, array.offset, array.null_count, array.n_children) != (pixels, 0, 0, 1)
     ):
-        return np.asarray(image), None
+        return np.array(image), None
     child = array.children[0].contents
     child_schema = _ArrowSchema.from_address(schema.children[0])
     if (
@@ -261,11 +270,11 @@ def rgb_pixels(image: Image.Image) -> tuple[np.ndarray, object]:
         or (child.length, child.offset, child.n_buffers) != (pixels * 4, 0, 2)
         or not child.buffers[1]
     ):
-        return np.asarray(image), None
+        return np.array(image), None
     memory = (ctypes.c_uint8 * child.length).from_address(child.buffers[1])
     rgbx = np.frombuffer(memory, dtype=np.uint8).reshape(height, width, 4)
     # The capsules release Pillow's reference to the memory when they are collected.
-    return rgbx[..., :3], (schema_capsule, array_capsule, image)
+    return rgbx, (schema_capsule, array_capsule, image)
 
 
 def _write_patches(

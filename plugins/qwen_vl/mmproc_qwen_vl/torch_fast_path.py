@@ -23,11 +23,13 @@ image:
    (patches, C * T * P * P); batches are put back in input order and ``torch.cat``-ed.
 
 ``pixel_values`` therefore come out uint8 and ``image_grid_thw`` int64 rows ``(1, gh, gw)``.
-Here step 1 is the same Pillow conversion and the same channels-first uint8 tensor (built with
-one copy instead of three), step 3 is the same torchvision call on that tensor, image by image
-(the kernels resize each image of a batch on its own, so stacking changes no value, and skipping
-it saves a copy), and step 5 is the same reordering (a pure copy, no arithmetic) written straight
-into the output. Skipped: kwarg validation, grouping, ``BatchFeature``, the final ``torch.cat``.
+Here step 1 is the same Pillow conversion, its pixels viewed in place as a channels-last
+(C, H, W) tensor instead of copied three times into a channels-first one; step 3 is the same
+torchvision call on it, image by image (the kernels resize each image of a batch on its own, so
+stacking changes no value, and skipping it saves a copy; torch's uint8 kernel works on
+channels-last pixels and converts channels-first input to them first, channel by channel, so
+the values are the same, a fourth unused channel included); and step 5 is the same reordering
+(a pure copy, no arithmetic) written straight into the output. Skipped: kwarg validation, grouping, ``BatchFeature``, the final ``torch.cat``.
 
 Only PIL images are taken, which is all mmproc hands the plugin (``mmproc.inputs`` makes arrays
 and tensors ``L`` / ``RGB`` / ``RGBA`` images first). transformers given a 4-channel array itself
@@ -40,14 +42,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from PIL import Image
 
 from mmproc_qwen_vl.image_fast_path import (
     copy_patches,
     resized_sizes,
-    rgb_pixels,
+    rgbx_pixels,
     to_rgb,
 )
 
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 __all__ = [
     "is_torchvision_backend",
     "patchify_uint8_torch",
-    "rgb_chw_uint8",
+    "rgb_planes",
     "torch_patch_settings",
 ]
 
@@ -139,22 +140,18 @@ def torch_patch_settings(image_processor: Any) -> dict[str, Any]:
     }
 
 
-def rgb_chw_uint8(image: Image.Image) -> torch.Tensor:
-    """The contiguous (3, H, W) uint8 tensor transformers' torchvision backend makes of ``image``.
+def rgb_planes(image: Image.Image) -> tuple[torch.Tensor, object]:
+    """``image`` in RGB as a (C, H, W) uint8 tensor over Pillow's own memory, and what must stay
+    alive while it is read.
 
-    Same Pillow conversion; the RGB pixels are read in place where Pillow can export them and
-    copied once into channels-first order (transformers copies three times: ``convert``,
-    ``np.array``, ``.contiguous()``).
+    Same Pillow conversion as transformers. The tensor is channels-last in memory (Pillow's
+    layout), with a fourth, unused channel where Pillow keeps four bytes a pixel: torch's uint8
+    antialiased resize works on channels-last pixels, three or four to a pixel, and converts a
+    channels-first tensor (transformers' ``.contiguous()``) back to that first; each channel is
+    resized on its own, so the first three come out as transformers' three.
     """
-    pixels, keep_alive = rgb_pixels(to_rgb(image))
-    height, width, _ = pixels.shape
-    # Always a copy into fresh memory that numpy owns (np.ascontiguousarray would return the
-    # 1x1 view itself, which counts as contiguous, and it dies with the converted image);
-    # writable, so torch.from_numpy shares it without copying or warning.
-    chw = np.empty((_CHANNELS, height, width), dtype=np.uint8)
-    np.copyto(chw, pixels.transpose(2, 0, 1))
-    del pixels, keep_alive  # the view must not outlive the exported memory
-    return torch.from_numpy(chw)
+    pixels, keep_alive = rgbx_pixels(to_rgb(image))
+    return torch.from_numpy(pixels).permute(2, 0, 1), (pixels, keep_alive)
 
 
 def _write_patches(
@@ -165,22 +162,24 @@ def _write_patches(
     temporal_patch_size: int,
     merge_size: int,
 ) -> None:
-    """Write a resized (3, H, W) uint8 image into ``out`` (patches, C*T*P*P) in transformers' order.
+    """Write a resized (C, H, W) uint8 image (its first 3 channels) into ``out`` (patches,
+    3*T*P*P) in transformers' order.
 
     Rows: merge windows row-major, then the patches of a window row-major; within a row: channel,
     frame (the one image repeated), patch row, patch column.
     """
-    channels, height, width = image.shape
+    _, height, width = image.shape
     p, m, t = patch_size, merge_size, temporal_patch_size
     grid_h, grid_w = height // p, width // p
     # numpy views of the same memory: a pure copy either way, but numpy's strided gather of
-    # these short runs is faster than torch's (benchmarks/qwen_fast_path.py).
-    src, dst = image.numpy(), out.numpy()
-    # (C, window row, row in window, y, window col, col in window, x) ->
+    # these short runs is faster than torch's. The pixels as (H, W, C), a view when the resize
+    # kept them channels-last (numpy copies in reshape otherwise).
+    src, dst = image.permute(1, 2, 0).numpy()[..., :_CHANNELS], out.numpy()
+    # (window row, row in window, y, window col, col in window, x, C) ->
     # (window row, window col, row in window, col in window, C, y, x): transformers' permute
     # without the batch dimension.
-    ordered = src.reshape(channels, grid_h // m, m, p, grid_w // m, m, p).transpose(
-        1, 4, 2, 5, 0, 3, 6
+    ordered = src.reshape(grid_h // m, m, p, grid_w // m, m, p, _CHANNELS).transpose(
+        0, 3, 1, 4, 6, 2, 5
     )
     copy_patches(ordered, dst, temporal_patch_size=t, patch_size=p)
 
@@ -243,9 +242,8 @@ def patchify_uint8_torch(
 
     row = 0
     for image, (height, width), count in zip(batch, sizes, counts, strict=True):
-        resized = tvF.resize(
-            rgb_chw_uint8(image), [height, width], interpolation=interpolation, antialias=True
-        )
+        planes, keep_alive = rgb_planes(image)
+        resized = tvF.resize(planes, [height, width], interpolation=interpolation, antialias=True)
         _write_patches(
             resized,
             pixel_values[row : row + count],
@@ -253,5 +251,6 @@ def patchify_uint8_torch(
             temporal_patch_size=temporal_patch_size,
             merge_size=merge_size,
         )
+        del planes, resized, keep_alive  # (an unchanged size resizes to the input itself)
         row += count
     return pixel_values, image_grid_thw
