@@ -202,11 +202,8 @@ def run_vllm(venv: Path, folder: Path, jpegs: list[bytes], requests: int) -> Any
 def stage_table(folder: Path, count: int) -> None:
     """Mean milliseconds per stage of ``count`` distinct chat requests, one at a time."""
     import mmproc
-    from mmproc.serve.allocator import keep_freed_memory
     from mmproc.serve.app import ServeSettings, create_app
     from mmproc.stages import STAGES
-
-    keep_freed_memory()  # as mmproc serve does
 
     bodies = [chat_body(photo_jpeg(50_000 + i), "bench") for i in range(count + 2)]
     with mmproc.get_processor(folder, workers=1) as processor:
