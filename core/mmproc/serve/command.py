@@ -141,9 +141,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(describe_demo_models())
         return 0
     from mmproc.serve import ServeSettings, create_app, run
-    from mmproc.serve.allocator import keep_freed_memory
 
-    keep_freed_memory()  # before the model loads: a server's buffers are reused, not re-faulted
     workdir = Path(tempfile.mkdtemp(prefix="mmproc-serve-"))
     try:
         folder, described = open_model(args.model, workdir)
