@@ -29,7 +29,8 @@ torchvision call on it, image by image (the kernels resize each image of a batch
 stacking changes no value, and skipping it saves a copy; torch's uint8 kernel works on
 channels-last pixels and converts channels-first input to them first, channel by channel, so
 the values are the same, a fourth unused channel included); and step 5 is the same reordering
-(a pure copy, no arithmetic) written straight into the output. Skipped: kwarg validation, grouping, ``BatchFeature``, the final ``torch.cat``.
+(a pure copy, no arithmetic) written straight into the output. Skipped: kwarg validation,
+grouping, ``BatchFeature``, the final ``torch.cat``.
 
 Only PIL images are taken, which is all mmproc hands the plugin (``mmproc.inputs`` makes arrays
 and tensors ``L`` / ``RGB`` / ``RGBA`` images first). transformers given a 4-channel array itself
