@@ -94,9 +94,10 @@ def main() -> None:
                 )
                 ids = hf.tokenizer.encode(text, add_special_tokens=False)
                 mm_data = {"image": [url]}
-                assert proc.process_chat(chat).prompt_token_ids == proc.process(
-                    ids, mm_data
-                ).prompt_token_ids, "the two paths must be the same request"
+                assert (
+                    proc.process_chat(chat).prompt_token_ids
+                    == proc.process(ids, mm_data).prompt_token_ids
+                ), "the two paths must be the same request"
                 chat_ms = median_ms(lambda chat=chat: proc.process_chat(chat), args.calls)
                 plain_ms = median_ms(lambda ids=ids, m=mm_data: proc.process(ids, m), args.calls)
                 with proc.recording_stages() as log:
