@@ -50,11 +50,17 @@ def test_a_bound_below_one_is_refused(tokenizer) -> None:
         TokenizerClones(tokenizer, max_copies=0)
 
 
-def test_the_original_is_not_lent_or_copied_while_its_other_user_holds_it(tokenizer) -> None:
+def test_while_others_use_the_original_under_their_lock_only_copies_made_under_it_are_lent(
+    tokenizer,
+) -> None:
     # The other user: a worker pool's synchronous fallback, calling the original processor
     # under its lock (and free to set truncation on its tokenizer meanwhile).
     lock = threading.RLock()
-    clones = TokenizerClones(tokenizer, max_copies=2, original_lock=lock)
+    shared = threading.Event()
+    clones = TokenizerClones(tokenizer, max_copies=1, original_lock=lock, shared=shared.is_set)
+    with clones.borrow() as alone:
+        assert alone is tokenizer  # nobody else uses it yet
+    shared.set()
     lent: list[object] = []
     entered = threading.Event()
 
@@ -66,8 +72,7 @@ def test_the_original_is_not_lent_or_copied_while_its_other_user_holds_it(tokeni
     with lock:
         thread = threading.Thread(target=borrower)
         thread.start()
-        assert not entered.wait(0.3)  # neither lent the original nor copying it
+        assert not entered.wait(0.3)  # not lent the original, and not copying it meanwhile
     thread.join(10)
-    assert lent == [tokenizer]
-    with lock, clones.borrow() as on_the_lock_holders_thread:  # re-entrant for the holder
-        assert on_the_lock_holders_thread is tokenizer
+    assert len(lent) == 1 and lent[0] is not tokenizer
+    assert clones.copies == 2  # beyond max_copies: the original is not lendable

@@ -265,7 +265,12 @@ class Processor:
         )
         # Requests answered from the cache tokenise on their callers' threads: with a copy of
         # the tokenizer each, as many at once as the prepare pool runs.
-        self._front = TokenizerClones(self._tokenizer, io_workers, self._pool.original_lock)
+        self._front = TokenizerClones(
+            self._tokenizer,
+            io_workers,
+            self._pool.original_lock,
+            shared=lambda: self._pool.synchronous,
+        )
         # With process workers, each HF call is lent one of as many worker processes as there
         # are worker threads; everything else (cache, single flight, prompt updates) stays here.
         self._processes: WorkerProcesses | None = None

@@ -6,9 +6,10 @@ copy must serve one call at a time; with a single copy, one long prompt would ho
 cached request behind it. :class:`TokenizerClones` lends copies: the original first, then deep
 copies made when all are busy, up to a bound.
 
-The original may have another user: a worker pool in its synchronous fallback runs its HF calls
-on the original processor, tokenizer included, under a lock of its own (whose calls may set
-truncation on it). The original is lent, and copied, holding that lock too.
+The original may have other users: a worker pool in its synchronous fallback runs its HF calls
+on the original processor, tokenizer included, under a lock of its own (and those calls may set
+truncation on it). While it does (``shared()`` says so), the original is not lent, and copies
+are made from it under that lock.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,19 +26,22 @@ __all__ = ["TokenizerClones"]
 
 class TokenizerClones:
     """Lends ``original`` or one of at most ``max_copies - 1`` deep copies of it, one borrower
-    each at a time; ``original_lock``: held while the original is lent or copied, when others
-    use it under that lock."""
+    each at a time. While ``shared()`` is true, others use the original under ``original_lock``:
+    it is not lent then (up to ``max_copies`` copies are), and copies are made holding that
+    lock."""
 
     def __init__(
         self,
         original: Any,
         max_copies: int,
         original_lock: contextlib.AbstractContextManager[Any] | None = None,
+        shared: Callable[[], bool] = lambda: False,
     ) -> None:
         if max_copies < 1:
             raise ValueError(f"max_copies must be >= 1, got {max_copies}")
         self._original = original
         self._original_lock = original_lock or contextlib.nullcontext()
+        self._shared = shared
         self._max = max_copies
         self._free: list[Any] = [original]
         self._made = 1
@@ -53,21 +57,24 @@ class TokenizerClones:
     def borrow(self) -> Iterator[Any]:
         """A tokenizer no other thread uses until the ``with`` block ends; waits for one when
         every copy is lent and no more may be made."""
-        make = False
         with self._ready:
-            while not self._free and self._made >= self._max:
+            while True:
+                shared = self._shared()
+                usable = [t for t in self._free if not (shared and t is self._original)]
+                if usable or self._made < self._max + (1 if shared else 0):
+                    break
                 self._ready.wait()
-            if self._free:
-                tokenizer = self._free.pop()
+            if usable:
+                tokenizer = usable[-1]
+                self._free.remove(tokenizer)
             else:
                 self._made += 1
-                make = True
-        if make:
+        if not usable:
             try:
                 # The calls made here ask for no truncation or padding, so a copy made while
-                # the original is lent to one of them has its settings as loaded; other users'
-                # calls may set some, so they are kept out meanwhile.
-                with self._original_lock:
+                # the original is lent to one of them has its settings as loaded; the other
+                # users' calls may set some, so they are kept out meanwhile.
+                with self._original_lock if shared else contextlib.nullcontext():
                     tokenizer = copy.deepcopy(self._original)
             except BaseException:
                 with self._ready:
@@ -75,12 +82,8 @@ class TokenizerClones:
                     self._ready.notify()
                 raise
         try:
-            if tokenizer is self._original:
-                with self._original_lock:
-                    yield tokenizer
-            else:
-                yield tokenizer
+            yield tokenizer
         finally:
             with self._ready:
                 self._free.append(tokenizer)
-                self._ready.notify()
+                self._ready.notify_all()
