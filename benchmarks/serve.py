@@ -169,7 +169,8 @@ def run_mmproc(folder: Path, jpegs: list[bytes], requests: int, native: bool) ->
             while not stop.is_set():
                 receiver.recv(timeout=0.1)
 
-        threading.Thread(target=drain, daemon=True).start()
+        drainer = threading.Thread(target=drain, daemon=True)
+        drainer.start()
         command += ["--engine", address]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -180,6 +181,7 @@ def run_mmproc(folder: Path, jpegs: list[bytes], requests: int, native: bool) ->
         process.wait(60)
         stop.set()
         if receiver is not None:
+            drainer.join(5)  # before its socket closes under it
             receiver.close()
 
 
