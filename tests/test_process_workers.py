@@ -130,9 +130,20 @@ def wait_until(condition: Callable[[], bool], failure: str) -> None:
 
 
 def blocks_of_this_process() -> list[str]:
-    """The shared memory blocks of this process's calls still in /dev/shm: each call names its
-    blocks ``mmproc_<pid>_<call>_in`` / ``_out``."""
+    """This process's shared memory blocks in /dev/shm: those its workers keep
+    (``mmproc_<pid>_w<worker>_…``) and those of single calls (``mmproc_<pid>_<call>_in`` /
+    ``_out``)."""
     return sorted(path.name for path in Path("/dev/shm").glob(f"mmproc_{os.getpid()}_*"))
+
+
+def call_blocks() -> list[str]:
+    return [name for name in blocks_of_this_process() if f"_{os.getpid()}_w" not in name]
+
+
+def assert_only_live_workers_blocks(processor: mmproc.Processor) -> None:
+    """No call's block is left, and the blocks kept are the live workers' own."""
+    assert call_blocks() == []
+    assert blocks_of_this_process() == processor._processes.kept_blocks  # type: ignore[union-attr]
 
 
 def has_exited(pid: int) -> bool:
@@ -146,25 +157,60 @@ def has_exited(pid: int) -> bool:
     return state == "Z" and threads == 1
 
 
+def test_each_worker_keeps_its_blocks_and_grows_them_for_a_larger_call(
+    processes: mmproc.Processor, threads: mmproc.Processor
+) -> None:
+    small, large = noise_image(64, 48, seed=13), noise_image(640, 480, seed=14)
+    sizes = []
+    for image in (small, large, small, large):  # whichever worker takes each
+        mm_data = {"image": [image]}
+        assert_same(processes.process(IMAGE, mm_data), threads.process(IMAGE, mm_data))
+        assert_only_live_workers_blocks(processes)
+        sizes.append(sorted(os.path.getsize(f"/dev/shm/{n}") for n in blocks_of_this_process()))
+    assert len(sizes[-1]) <= 4  # an items block and an outputs block per worker
+    assert max(sizes[1]) >= 640 * 480 * 3  # grown for the large image's items
+    assert sizes[3] == sizes[2]  # and kept, not made again, for the calls that fit
+
+
+def test_a_call_larger_than_a_worker_keeps_goes_in_blocks_of_its_own(
+    processes: mmproc.Processor, threads: mmproc.Processor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mmproc.process_workers
+
+    monkeypatch.setattr(mmproc.process_workers, "_KEPT_BLOCK_MAX", 1 << 16)
+    before = {n: os.path.getsize(f"/dev/shm/{n}") for n in blocks_of_this_process()}
+    mm_data = {"image": [noise_image(400, 300, seed=15)]}  # 360 kB of pixels, more outputs
+    for _ in range(2):
+        assert_same(processes.process(IMAGE, mm_data), threads.process(IMAGE, mm_data))
+        assert call_blocks() == []
+    after = {n: os.path.getsize(f"/dev/shm/{n}") for n in blocks_of_this_process()}
+    assert all(size <= max(1 << 16, before.get(n, 0)) for n, size in after.items())
+
+
 def test_a_worker_that_dies_fails_only_its_request_and_one_dead_while_idle_fails_none(
     processes: mmproc.Processor,
 ) -> None:
     pids = wait_for_workers(processes, 2)
+    workers = processes._processes
+    assert workers is not None
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)  # whichever worker is lent the call, it holds it unanswered
     with ThreadPoolExecutor(1) as caller:
         request = caller.submit(processes.process, IMAGE, {"image": [noise_image(90, 60, seed=7)]})
-        wait_until(lambda: bool(blocks_of_this_process()), "the call never reached a worker")
+        wait_until(lambda: workers.calls_in_flight == 1, "the call never reached a worker")
+        kept_by_the_dead = set(workers.kept_blocks)
+        assert kept_by_the_dead
         for pid in pids:  # the one on the call, and the one idle
             os.kill(pid, signal.SIGKILL)
         with pytest.raises(WorkerProcessError, match=r"died \(exit code -9\)"):
             request.result(timeout=60)
-    assert blocks_of_this_process() == []
+    assert call_blocks() == []
     wait_until(lambda: all(has_exited(pid) for pid in pids), "the killed workers did not exit")
     for seed in (8, 9):  # no request is given the worker that died idle
         assert processes.process(IMAGE, {"image": [noise_image(90, 60, seed=seed)]}).features
     assert not set(wait_for_workers(processes, 2)) & set(pids)
-    assert blocks_of_this_process() == []
+    assert not kept_by_the_dead & set(blocks_of_this_process())
+    assert_only_live_workers_blocks(processes)
 
 
 def test_a_worker_that_hangs_is_stopped_at_the_time_limit_and_replaced(
@@ -175,7 +221,7 @@ def test_a_worker_that_hangs_is_stopped_at_the_time_limit_and_replaced(
         os.kill(pid, signal.SIGSTOP)  # they hang
     with pytest.raises(WorkerProcessError, match=r"took longer than 5 s.*worker_timeout_s"):
         processes.process(IMAGE, {"image": [noise_image(90, 60, seed=10)]})
-    assert blocks_of_this_process() == []
+    assert_only_live_workers_blocks(processes)  # the stopped worker's blocks went with it
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):  # the stopped one is gone
             os.kill(pid, signal.SIGCONT)
@@ -204,7 +250,8 @@ def test_a_worker_that_hangs_at_start_up_is_stopped_and_its_calls_fail_naming_th
             match=r"^HangingModel: no worker process: .* did not start within 2 s",
         ):
             workers.call(None, IMAGE, {"image": [noise_image(90, 60, seed=12)]}, {})
-        assert blocks_of_this_process() == []  # the items were never put in shared memory
+        assert call_blocks() == []  # the items were never put in shared memory
+        assert workers.kept_blocks == []
     finally:
         workers.close()
 
@@ -213,14 +260,14 @@ def test_outputs_that_cannot_be_sent_back_are_answered_with_an_error_and_freed()
     worker_end, serving_end = multiprocessing.Pipe()
     _, outputs_name = _call_block_names()
     outputs = {"image": [{"pixel_values": torch.ones(4, 3), "made_by": lambda: None}]}
-    name, layout = _pack(outputs, outputs_name)
-    assert blocks_of_this_process() == [outputs_name]
-    assert _send_answer(worker_end, ("ok", (name, layout, None)), outputs_name, "Tiny (plugin 'x')")
+    at, layout = _pack(outputs, outputs_name)
+    assert call_blocks() == [outputs_name]
+    assert _send_answer(worker_end, ("ok", (at, layout, None)), outputs_name, "Tiny (plugin 'x')")
     status, detail = serving_end.recv()
     assert status == "error"
     with pytest.raises(ProcessingError, match=r"^Tiny \(plugin 'x'\): the outputs cannot be sent"):
         raise pickle.loads(detail)
-    assert blocks_of_this_process() == []
+    assert call_blocks() == []
 
 
 def test_a_media_item_error_from_a_worker_reaches_the_caller_with_its_item() -> None:

@@ -7,14 +7,17 @@ idle process for the length of the call. The process runs the plugin's ``process
 Everything else stays in the serving process: the cache (one for all workers), single flight,
 prompt updates, tokenising, so the outputs are those of the thread pool, bit for bit.
 
-A call's items go to the worker in one block of shared memory (an image in mode ``L``, ``RGB`` or
-``RGBA`` as its pixel array, a video's frames, an audio waveform; any other item pickled), and
-its per-item outputs come back in another, copied out once into ordinary tensors. Whoever reads a
-block unlinks it. The blocks are kept out of the resource tracker (the process that makes one is
-not the one that frees it), so nothing would free a lost one: each is named after its call
-(``mmproc_<serving pid>_<call>_in`` / ``_out``), and once a call ends, its worker answered or
-stopped, the serving process unlinks whatever block of that call is left (items a dead worker
-never read, outputs a stopped worker made or sent).
+A call's items go to the worker through shared memory (an image in mode ``L``, ``RGB`` or
+``RGBA`` as its pixels, a video's frames, an audio waveform; any other item pickled), and its
+per-item outputs come back the same way, copied out once into ordinary tensors. Each worker has
+two blocks of its own, one for items and one for outputs, made by the serving process and kept
+from call to call: a new block costs a page fault per page written, more than the copy itself.
+A block too small for a call is replaced by a larger one (outputs that do not fit come back once
+in a block of their own call, and the next call finds a block their size); a call larger than
+``_KEPT_BLOCK_MAX`` goes in blocks of its own, so a rare large video does not hold that much
+shared memory for as long as the worker lives. The serving process unlinks every block: a
+worker's own when the worker stops, a call's own (``mmproc_<serving pid>_<call>_in`` /
+``_out``) once the call ends, its worker answered or stopped.
 
 Workers are spawned (a fresh interpreter: no state forked from the server), side by side, each
 loading its processor once; by default in the background at start-up, so that construction does
@@ -53,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from mmproc.errors import MmprocError, ProcessingError, WorkerProcessError
+from mmproc.executor import intra_op_threads_for
 
 __all__ = ["WorkerProcesses", "WorkerSpec"]
 
@@ -60,6 +64,8 @@ logger = logging.getLogger(__name__)
 
 _ALIGN = 64  # bytes: every tensor in the shared block starts on a cache line
 _STOP_GRACE_S = 5.0  # how long a worker told to stop, or killed, is waited for at each step
+_KEPT_BLOCK_MAX = 64 << 20  # bytes: the largest block a worker keeps from call to call
+_GROWTH = 1.25  # a worker's block made for a call has this much room for larger ones to come
 
 
 @dataclass(frozen=True)
@@ -78,15 +84,16 @@ class WorkerSpec:
 
 
 def _call_block_names() -> tuple[str, str]:
-    """The names of one call's blocks, items and outputs: unique, and known to the serving
+    """The names of one call's own blocks, items and outputs: unique, and known to the serving
     process before either exists, so it can unlink what a stopped worker left."""
     call = f"mmproc_{os.getpid()}_{secrets.token_hex(4)}"
     return f"{call}_in", f"{call}_out"
 
 
 def _new_block(name: str, size: int) -> SharedMemory:
+    """A block for one call: kept out of this process's resource tracker, as the serving process
+    unlinks it (at the latest when the call ends)."""
     block = SharedMemory(name=name, create=True, size=max(size, 1))
-    # The process that reads the block unlinks it, not this one's tracker.
     resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
     return block
 
@@ -101,13 +108,83 @@ def _release(name: str | None) -> None:
         block.unlink()
 
 
+def _drop(block: SharedMemory | None) -> None:
+    """Unmap and unlink a block this process made."""
+    if block is None:
+        return
+    with contextlib.suppress(BufferError):  # a view still open: the mapping goes with it
+        block.close()
+    with contextlib.suppress(FileNotFoundError):
+        block.unlink()
+
+
+class _KeptBlock:
+    """A worker's block of one direction, made by the serving process and used call after call;
+    left in the resource tracker, so that it is unlinked even if the serving process dies."""
+
+    def __init__(self, worker_index: int, role: str) -> None:
+        self._prefix = f"mmproc_{os.getpid()}_w{worker_index}"
+        self._role = role
+        self.block: SharedMemory | None = None
+
+    @property
+    def size(self) -> int:
+        return 0 if self.block is None else self.block.size
+
+    def fitted(self, needed: int) -> SharedMemory | None:
+        """The block, replaced by a larger one if it holds less than ``needed`` bytes; None when
+        ``needed`` is more than a worker keeps (the call makes a block of its own)."""
+        if needed > _KEPT_BLOCK_MAX:
+            return None
+        if self.block is None or self.block.size < needed:
+            size = min(_KEPT_BLOCK_MAX, max(needed + 1, int(needed * _GROWTH)))
+            name = f"{self._prefix}_{secrets.token_hex(4)}_{self._role}"
+            fresh = SharedMemory(name=name, create=True, size=size)
+            _drop(self.block)
+            self.block = fresh
+        return self.block
+
+    def drop(self) -> None:
+        _drop(self.block)
+        self.block = None
+
+
+class _Attached:
+    """The worker's mappings of the serving process's blocks, by name: a block is mapped once,
+    and unmapped when the serving process names a new one in its place."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, SharedMemory] = {}
+
+    def __call__(self, role: str, name: str) -> SharedMemory:
+        block = self._blocks.get(role)
+        if block is None or block.name != name:
+            if block is not None:
+                with contextlib.suppress(BufferError):
+                    block.close()
+            # Opening registers it with the resource tracker the worker shares with the serving
+            # process: the serving process's unlink unregisters it.
+            block = self._blocks[role] = SharedMemory(name=name)
+        return block
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // _ALIGN) * _ALIGN
+
+
 # --- the worker's side ---------------------------------------------------------------------------
 
 
-def _worker_main(conn: Connection, spec: WorkerSpec) -> None:
-    """A worker process: build the processor, then answer calls until told to stop."""
+def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None:
+    """A worker process: build the processor, then answer calls until told to stop.
+    ``torch_threads``: torch's intra-op threads, so that the workers together fit the cores as
+    the thread pool's do."""
     from mmproc.fields import prompt_ids_row, split_outputs
 
+    with contextlib.suppress(ImportError):
+        import torch
+
+        torch.set_num_threads(torch_threads)
     try:
         processor = spec.build(
             spec.model, workers=1, warm_up=False, cache_bytes=0, **dict(spec.options)
@@ -117,6 +194,7 @@ def _worker_main(conn: Connection, spec: WorkerSpec) -> None:
         return
     model, ctx, hf = processor.model, processor.ctx, processor.hf_processor
     named = f"{ctx.architecture} (plugin {ctx.plugin!r})"
+    attached = _Attached()
     conn.send(("ready", None))
     while True:
         try:
@@ -126,20 +204,20 @@ def _worker_main(conn: Connection, spec: WorkerSpec) -> None:
         if message is None:
             processor.close()
             return
-        mode, text, sent, kwargs, outputs_name = message
+        mode, text, items_at, described, kwargs, outbox, call_outputs = message
         answer: tuple[str, Any]
         try:
-            items = _items_from(*sent)
+            items = _items_from(attached, items_at, described)
             counts = {modality: len(values) for modality, values in items.items()}
             outputs = model.process_mm_data(ctx, mode, text, items, hf, kwargs)
             per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
             ids = outputs.get("input_ids") if "input_ids" in outputs else None
-            block, layout = _pack(per_item, outputs_name)
-            answer = ("ok", (block, layout, None if ids is None else prompt_ids_row(ids)))
+            at, layout = _pack(per_item, call_outputs, attached=attached, outbox=outbox)
+            answer = ("ok", (at, layout, None if ids is None else prompt_ids_row(ids)))
         except BaseException as exc:
-            _release(outputs_name)  # _pack may have made it before the failure
+            _release(call_outputs)  # _pack may have made it before the failure
             answer = ("error", _portable(exc))
-        if not _send_answer(conn, answer, outputs_name, named):
+        if not _send_answer(conn, answer, call_outputs, named):
             return
 
 
@@ -165,10 +243,18 @@ def _send_answer(conn: Connection, answer: tuple[str, Any], outputs_name: str, n
 # --- items to the worker --------------------------------------------------------------------------
 
 
-def _items_to(items: Mapping[str, list[Any]], name: str) -> tuple[str | None, list[Any]]:
-    """The items' pixels and samples in one shared block named ``name`` (an image as its array
-    when that is all it is; anything else pickled), and how to rebuild each: the block's name
-    (None when nothing needed one) and the entries."""
+# Where a call's items or outputs lie: (block name, whether it is one the worker keeps, bytes
+# used), or None when there is no array to hold.
+_At = tuple[str, bool, int] | None
+
+
+def _items_to(
+    items: Mapping[str, list[Any]], inbox: _KeptBlock, call_name: str
+) -> tuple[_At, list[Any]]:
+    """The items' pixels and samples written to shared memory (an image as its array when that
+    is all it is; anything else pickled): the worker's items block, or one of the call's own
+    (``call_name``) when they are more than a worker keeps; where they lie, and how to rebuild
+    each item."""
     from PIL import Image
 
     from mmproc.media.items import AudioItem, VideoItem
@@ -180,7 +266,7 @@ def _items_to(items: Mapping[str, list[Any]], name: str) -> tuple[str | None, li
 
     def place(array: np.ndarray) -> tuple[str, tuple[int, ...], int]:
         nonlocal offset
-        offset = -(-offset // _ALIGN) * _ALIGN
+        offset = _aligned(offset)
         arrays.append(np.ascontiguousarray(array))
         at = offset
         offset += array.nbytes
@@ -204,7 +290,8 @@ def _items_to(items: Mapping[str, list[Any]], name: str) -> tuple[str | None, li
         described.append((modality, entries))
     if not arrays:
         return None, described
-    block = _new_block(name, offset)
+    kept = inbox.fitted(offset)
+    block = kept if kept is not None else _new_block(call_name, offset)
     try:
         position = 0
         for _, entries in described:
@@ -214,19 +301,21 @@ def _items_to(items: Mapping[str, list[Any]], name: str) -> tuple[str | None, li
                 _, _, dtype, shape, at = entry
                 view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=at)
                 view[...] = arrays[position]
+                del view
                 position += 1
-        return block.name, described
     finally:
-        block.close()  # the worker unlinks it once it has read the items
+        if kept is None:
+            block.close()  # unlinked once the call ends
+    return (block.name, kept is not None, offset), described
 
 
-def _items_from(name: str | None, described: list[Any]) -> dict[str, list[Any]]:
-    """The items a worker was sent (copied out of the block, which is then released)."""
+def _items_from(attached: _Attached, at: _At, described: list[Any]) -> dict[str, list[Any]]:
+    """The items a worker was sent, copied out of shared memory (the block is used again)."""
     from PIL import Image
 
     from mmproc.media.items import AudioItem, VideoItem
 
-    block = SharedMemory(name=name) if name is not None else None
+    block = None if at is None else attached("in", at[0]) if at[1] else SharedMemory(name=at[0])
     try:
         items: dict[str, list[Any]] = {}
         for modality, entries in described:
@@ -235,20 +324,20 @@ def _items_from(name: str | None, described: list[Any]) -> dict[str, list[Any]]:
                 if entry[0] == "pickle":
                     values.append(pickle.loads(entry[1]))
                     continue
-                kind, extra, dtype, shape, at = entry
+                kind, extra, dtype, shape, offset = entry
                 assert block is not None  # items with arrays come with their block
-                array = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=at).copy()
-                if kind == "image":
-                    values.append(Image.fromarray(array, mode=extra))
+                view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=offset)
+                if kind == "image":  # frombytes copies (fromarray may not, for L and RGBA)
+                    values.append(Image.frombytes(extra, (shape[1], shape[0]), view))
                 elif kind == "video":
-                    values.append(VideoItem(array, extra))
+                    values.append(VideoItem(view.copy(), extra))
                 else:
-                    values.append(AudioItem(array, extra))
+                    values.append(AudioItem(view.copy(), extra))
+                del view
         return items
     finally:
-        if block is not None:
+        if at is not None and not at[1] and block is not None:
             block.close()
-            block.unlink()
 
 
 def _portable(exc: BaseException) -> bytes:
@@ -262,9 +351,16 @@ def _portable(exc: BaseException) -> bytes:
         return pickle.dumps(ProcessingError(f"{type(exc).__name__}: {exc}"))
 
 
-def _pack(per_item: Mapping[str, list[dict[str, Any]]], name: str) -> tuple[str | None, list[Any]]:
-    """Put every tensor of ``per_item`` into one shared memory block named ``name``; the block's
-    name (None when there is no tensor) and the layout: per modality, per item, key ->
+def _pack(
+    per_item: Mapping[str, list[dict[str, Any]]],
+    call_name: str,
+    *,
+    attached: _Attached | None = None,
+    outbox: tuple[str, int] | None = None,
+) -> tuple[_At, list[Any]]:
+    """Put every tensor of ``per_item`` in shared memory: the worker's outputs block (``outbox``:
+    its name and size) when they fit, else a block of the call's own named ``call_name``. Where
+    they lie (None when there is no tensor) and the layout: per modality, per item, key ->
     ("tensor", dtype, shape, offset) or ("value", v)."""
     import torch
 
@@ -280,7 +376,7 @@ def _pack(per_item: Mapping[str, list[dict[str, Any]]], name: str) -> tuple[str 
                     tensor = torch.as_tensor(value).detach().cpu().contiguous()
                     as_bits = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
                     array = as_bits.numpy()
-                    offset = -(-offset // _ALIGN) * _ALIGN
+                    offset = _aligned(offset)
                     described[key] = ("tensor", str(tensor.dtype), tuple(tensor.shape), offset)
                     arrays.append(array)
                     offset += array.nbytes
@@ -290,7 +386,12 @@ def _pack(per_item: Mapping[str, list[dict[str, Any]]], name: str) -> tuple[str 
         layout.append((modality, entries))
     if not arrays:
         return None, layout
-    block = _new_block(name, offset)
+    kept = outbox is not None and attached is not None and offset <= outbox[1]
+    if kept:
+        assert attached is not None and outbox is not None
+        block = attached("out", outbox[0])
+    else:
+        block = _new_block(call_name, offset)
     position = 0
     try:
         for entries_of in layout:
@@ -300,51 +401,42 @@ def _pack(per_item: Mapping[str, list[dict[str, Any]]], name: str) -> tuple[str 
                         continue
                     array = arrays[position]
                     position += 1
-                    start = entry[3]
-                    view = np.ndarray(array.shape, array.dtype, buffer=block.buf, offset=start)
+                    view = np.ndarray(array.shape, array.dtype, buffer=block.buf, offset=entry[3])
                     view[...] = array
+                    del view
     finally:
-        block.close()  # the parent unlinks it once it has copied the outputs out
-    return name, layout
+        if not kept:
+            block.close()  # the serving process unlinks it once it has copied the outputs out
+    return (block.name, kept, offset), layout
 
 
 # --- the serving process's side -------------------------------------------------------------------
 
 
-def _unpack(name: str | None, layout: list[Any]) -> dict[str, list[dict[str, Any]]]:
-    """The per-item outputs from a worker's block (copied out; the block is then released)."""
+def _unpack(block: SharedMemory | None, layout: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    """The per-item outputs, copied out of a worker's block."""
     import torch
 
-    block = SharedMemory(name=name) if name is not None else None
-    try:
-        per_item: dict[str, list[dict[str, Any]]] = {}
-        for modality, entries in layout:
-            items = per_item.setdefault(modality, [])
-            for described in entries:
-                item: dict[str, Any] = {}
-                for key, entry in described.items():
-                    if entry[0] == "value":
-                        item[key] = entry[1]
-                        continue
-                    _, dtype_name, shape, offset = entry
-                    assert block is not None  # a layout with tensors comes with its block
-                    dtype = getattr(torch, dtype_name.removeprefix("torch."))
-                    carrier = torch.int16 if dtype == torch.bfloat16 else dtype
-                    count = int(np.prod(shape)) if shape else 1
-                    raw = torch.frombuffer(
-                        block.buf,
-                        dtype=carrier,
-                        count=count,
-                        offset=offset,
-                    )
-                    tensor = raw.clone().view(shape)
-                    item[key] = tensor.view(dtype) if carrier is not dtype else tensor
-                items.append(item)
-        return per_item
-    finally:
-        if block is not None:
-            block.close()
-            block.unlink()
+    per_item: dict[str, list[dict[str, Any]]] = {}
+    for modality, entries in layout:
+        items = per_item.setdefault(modality, [])
+        for described in entries:
+            item: dict[str, Any] = {}
+            for key, entry in described.items():
+                if entry[0] == "value":
+                    item[key] = entry[1]
+                    continue
+                _, dtype_name, shape, offset = entry
+                assert block is not None  # a layout with tensors comes with its block
+                dtype = getattr(torch, dtype_name.removeprefix("torch."))
+                carrier = torch.int16 if dtype == torch.bfloat16 else dtype
+                count = int(np.prod(shape)) if shape else 1
+                raw = torch.frombuffer(block.buf, dtype=carrier, count=count, offset=offset)
+                tensor = raw.clone().view(shape)
+                del raw
+                item[key] = tensor.view(dtype) if carrier is not dtype else tensor
+            items.append(item)
+    return per_item
 
 
 class _Worker:
@@ -355,12 +447,19 @@ class _Worker:
             (it is stopped).
     """
 
-    def __init__(self, spec: WorkerSpec, index: int, *, startup_timeout_s: float) -> None:
+    def __init__(
+        self, spec: WorkerSpec, index: int, *, startup_timeout_s: float, torch_threads: int
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=_worker_main, args=(child, spec), name=f"mmproc-worker-{index}", daemon=True
+            target=_worker_main,
+            args=(child, spec, torch_threads),
+            name=f"mmproc-worker-{index}",
+            daemon=True,
         )
+        self.inbox = _KeptBlock(index, "in")
+        self.outbox = _KeptBlock(index, "out")
         started = time.perf_counter()
         self.process.start()
         child.close()
@@ -393,6 +492,8 @@ class _Worker:
             self.process.kill()
             _joined(self.process, _STOP_GRACE_S)
         self.conn.close()
+        self.inbox.drop()
+        self.outbox.drop()
 
 
 def _joined(process: Any, timeout: float) -> bool:
@@ -435,6 +536,7 @@ class WorkerProcesses:
         self._spec = spec
         self._timeout = timeout_s
         self._startup_timeout = startup_timeout_s
+        self._torch_threads = intra_op_threads_for(count)
         self._model = model
         # Every worker not idle is starting (it, or why it failed, is queued within the start-up
         # timeout) or on a call (back, or stopped and restarted, within the call timeout).
@@ -446,6 +548,7 @@ class WorkerProcesses:
         self._lock = threading.Lock()
         self._closed = False
         self._started = 0
+        self._in_flight = 0
         starter = threading.Thread(target=self._start, args=(count,), daemon=True)
         starter.start()
         if not background:
@@ -463,7 +566,12 @@ class WorkerProcesses:
             index = self._started
             self._started += 1
         try:
-            worker = _Worker(self._spec, index, startup_timeout_s=self._startup_timeout)
+            worker = _Worker(
+                self._spec,
+                index,
+                startup_timeout_s=self._startup_timeout,
+                torch_threads=self._torch_threads,
+            )
         except BaseException as exc:
             self._idle.put(exc)  # the call that takes it says why
             return
@@ -491,6 +599,22 @@ class WorkerProcesses:
         """How long each worker took to start and load its processor."""
         with self._lock:
             return [worker.startup_s for worker in self._all]
+
+    @property
+    def kept_blocks(self) -> list[str]:
+        """The names of the shared blocks the live workers keep from call to call."""
+        with self._lock:
+            blocks = [box.block for w in self._all for box in (w.inbox, w.outbox)]
+        return sorted(block.name for block in blocks if block is not None)
+
+    @property
+    def calls_in_flight(self) -> int:
+        """Calls sent to a worker and not answered yet."""
+        return self._in_flight
+
+    def _count_in_flight(self, change: int) -> None:
+        with self._lock:
+            self._in_flight += change
 
     @property
     def pids(self) -> list[int]:
@@ -551,14 +675,19 @@ class WorkerProcesses:
         items_name, outputs_name = _call_block_names()
         try:
             with self._lent() as lease:
-                message = self._message(mode, text, items, kwargs, items_name, outputs_name)
+                worker = lease.worker
+                message = self._message(worker, mode, text, items, kwargs, items_name, outputs_name)
                 lease.busy = True
-                answer = self._exchange(lease.worker, message)
+                self._count_in_flight(+1)
+                try:
+                    answer = self._exchange(worker, message)
+                finally:
+                    self._count_in_flight(-1)
                 lease.busy = False
-            status, detail = pickle.loads(answer)
-            if status == "ok":
-                name, layout, ids = detail
-                return _unpack(name, layout), ids
+                status, detail = pickle.loads(answer)
+                if status == "ok":  # copied out before the worker's block is lent again
+                    at, layout, ids = detail
+                    return self._outputs(worker, at, layout), ids
         finally:
             # The worker answered or was stopped: what is left of this call's blocks is ours.
             _release(items_name)
@@ -568,8 +697,26 @@ class WorkerProcesses:
             raise error
         raise ProcessingError(f"{self._model}: {type(error).__name__}: {error}")
 
+    @staticmethod
+    def _outputs(worker: _Worker, at: _At, layout: list[Any]) -> dict[str, list[dict[str, Any]]]:
+        """The outputs of a call, from the worker's block or the call's own; after the call's
+        own, the worker's block is made large enough for outputs of that size."""
+        if at is None:
+            return _unpack(None, layout)
+        name, kept, size = at
+        if kept:
+            assert worker.outbox.block is not None and worker.outbox.block.name == name
+            return _unpack(worker.outbox.block, layout)
+        block = SharedMemory(name=name)
+        try:
+            return _unpack(block, layout)
+        finally:
+            block.close()
+            worker.outbox.fitted(size)
+
     def _message(
         self,
+        worker: _Worker,
         mode: Any,
         text: str,
         items: Mapping[str, list[Any]],
@@ -577,11 +724,21 @@ class WorkerProcesses:
         items_name: str,
         outputs_name: str,
     ) -> bytes:
-        """The call as the worker receives it (pickled here, so a value that cannot go to a
-        worker fails before the worker is sent anything)."""
+        """The call as ``worker`` receives it, its items written to shared memory (pickled
+        here, so a value that cannot go to a worker fails before the worker is sent anything)."""
         try:
-            sent = _items_to(items, items_name)
-            return bytes(ForkingPickler.dumps((mode, text, sent, dict(kwargs), outputs_name)))
+            items_at, described = _items_to(items, worker.inbox, items_name)
+            outbox = worker.outbox.block
+            kept_out = None if outbox is None else (outbox.name, outbox.size)
+            return bytes(
+                ForkingPickler.dumps(
+                    (mode, text, items_at, described, dict(kwargs), kept_out, outputs_name)
+                )
+            )
+        except OSError as exc:
+            raise ProcessingError(
+                f"{self._model}: no shared memory for this request's items: {exc}"
+            ) from exc
         except Exception as exc:
             raise ProcessingError(
                 f"{self._model}: the items or hf_kwargs cannot be sent to a worker process "
