@@ -17,7 +17,8 @@ Declaring hooks
     ``mode``), :class:`PreprocessingPath` (``worker_count_hint``'s ``path``).
 The items hooks receive
     :class:`AudioItem`, :class:`VideoItem`, :class:`VideoMetadata`; :func:`hf_video_kwargs` (the
-    HF keywords for video items, metadata included) and :data:`HF_MODALITY_KWARGS`.
+    HF keywords for video items, metadata included) and :data:`HF_MODALITY_KWARGS`;
+    :func:`rgb_pixels`, :func:`rgbx_pixels` (an RGB image's pixels read where Pillow holds them).
 Splitting outputs per item (``get_mm_fields``)
     :class:`FieldSpec` (the base class of a field of your own), :class:`BatchedField`,
     :class:`FlatField`, :class:`PaddedField`, :class:`SharedField`.
@@ -84,6 +85,8 @@ _LAZY: dict[str, str] = {
     "hookimpl": "mmproc.hookspecs",
     "read_chat_template": "mmproc.model_folder",
     "read_json_object": "mmproc.model_folder",
+    "rgb_pixels": "mmproc.media.pillow_pixels",
+    "rgbx_pixels": "mmproc.media.pillow_pixels",
     "resave_with_processor": "mmproc.testing.model_folders",
     "write_model_folder": "mmproc.testing.model_folders",
 }
@@ -126,6 +129,8 @@ __all__ = [
     "read_chat_template",
     "read_json_object",
     "resave_with_processor",
+    "rgb_pixels",
+    "rgbx_pixels",
     "write_model_folder",
 ]
 
@@ -156,6 +161,7 @@ if TYPE_CHECKING:
     from mmproc.fields import BatchedField, FieldSpec, FlatField, PaddedField, SharedField
     from mmproc.hookspecs import hookimpl
     from mmproc.media.items import AudioItem, VideoItem, VideoMetadata
+    from mmproc.media.pillow_pixels import rgb_pixels, rgbx_pixels
     from mmproc.media.policy import DEFAULT_VIDEO_FPS, AudioFormat, MediaFormat, VideoSampling
     from mmproc.model_folder import (
         HF_MODALITY_KWARGS,

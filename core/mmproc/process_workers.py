@@ -258,10 +258,12 @@ def _items_to(
     from PIL import Image
 
     from mmproc.media.items import AudioItem, VideoItem
+    from mmproc.media.pillow_pixels import rgbx_pixels
     from mmproc.media.video import ARRAY_MODES
 
     arrays: list[np.ndarray] = []
     described: list[Any] = []
+    keep_alive: list[object] = []  # what the views of Pillow's memory need until copied
     offset = 0
 
     def place(array: np.ndarray) -> tuple[str, tuple[int, ...], int]:
@@ -280,7 +282,14 @@ def _items_to(
                 and value.mode in ARRAY_MODES
                 and not value.info.get("transparency")
             ):
-                entries.append(("image", value.mode, *place(np.asarray(value))))
+                # An RGB image goes as Pillow holds it, four bytes a pixel: one copy, where
+                # np.asarray would make another to drop the fourth byte.
+                pixels, alive = rgbx_pixels(value) if value.mode == "RGB" else (None, None)
+                if pixels is not None and pixels.shape[-1] == 4:
+                    keep_alive.append(alive)
+                    entries.append(("image", ("RGB", "RGBX"), *place(pixels)))
+                else:
+                    entries.append(("image", (value.mode, value.mode), *place(np.asarray(value))))
             elif isinstance(value, VideoItem):
                 entries.append(("video", value.metadata, *place(value.frames)))
             elif isinstance(value, AudioItem):
@@ -328,7 +337,9 @@ def _items_from(attached: _Attached, at: _At, described: list[Any]) -> dict[str,
                 assert block is not None  # items with arrays come with their block
                 view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=offset)
                 if kind == "image":  # frombytes copies (fromarray may not, for L and RGBA)
-                    values.append(Image.frombytes(extra, (shape[1], shape[0]), view))
+                    mode, raw_mode = extra
+                    size = (shape[1], shape[0])
+                    values.append(Image.frombytes(mode, size, view, "raw", raw_mode))
                 elif kind == "video":
                     values.append(VideoItem(view.copy(), extra))
                 else:

@@ -44,14 +44,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from mmproc.plugin import rgbx_pixels
 from PIL import Image
 
-from mmproc_qwen_vl.image_fast_path import (
-    copy_patches,
-    resized_sizes,
-    rgbx_pixels,
-    to_rgb,
-)
+from mmproc_qwen_vl.image_fast_path import copy_patches, resized_sizes, to_rgb
 
 if TYPE_CHECKING:
     from torchvision.transforms.v2.functional import InterpolationMode

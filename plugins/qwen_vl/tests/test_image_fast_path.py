@@ -23,7 +23,6 @@ from mmproc_qwen_vl.image_fast_path import (
     image_token_count,
     patch_settings_from_processor,
     patchify_uint8,
-    rgb_pixels,
     smart_resize,
 )
 from PIL import Image
@@ -178,18 +177,6 @@ def test_bit_identical_for_other_patch_layouts(
     }
     fast = patchify_uint8(image, **{**QWEN2_VL_PATCH_SETTINGS, **layout})
     assert_same(fast, reference(pil_processor, image, **layout))
-
-
-def test_resized_pixels_are_read_without_a_copy_when_pillow_allows() -> None:
-    # One memory block: Pillow's Arrow export gives a view; several blocks (this 48 MB image):
-    # a copy. Both feed the bit-identical tests above (4000x3000 takes the copy).
-    small = noise(1036, 756)
-    pixels, keep_alive = rgb_pixels(small)
-    assert keep_alive is not None and not pixels.flags.owndata
-    assert np.array_equal(pixels, np.asarray(small))
-    large = Image.new("RGB", (4000, 3000), (1, 2, 3))
-    pixels, keep_alive = rgb_pixels(large)
-    assert keep_alive is None and pixels.shape == (3000, 4000, 3)
 
 
 def test_a_batch_concatenates_like_the_processor(
