@@ -6,6 +6,7 @@ memory behind; errors cross from a worker with what they name."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import os
 import pickle
@@ -185,6 +186,22 @@ def test_a_call_larger_than_a_worker_keeps_goes_in_blocks_of_its_own(
         assert call_blocks() == []
     after = {n: os.path.getsize(f"/dev/shm/{n}") for n in blocks_of_this_process()}
     assert all(size <= max(1 << 16, before.get(n, 0)) for n, size in after.items())
+
+
+def test_shared_memory_that_runs_out_fails_the_request_with_an_error_not_the_server(
+    processes: mmproc.Processor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mm_data = {"image": [noise_image(800, 600, seed=16)]}  # more than any worker's block holds
+    with monkeypatch.context() as patched:
+
+        def full(fd: int, offset: int, length: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        patched.setattr(os, "posix_fallocate", full)
+        with pytest.raises(WorkerProcessError, match=r"no shared memory for this request's items"):
+            processes.process(IMAGE, mm_data)
+    assert_only_live_workers_blocks(processes)
+    assert processes.process(IMAGE, mm_data).features
 
 
 def test_a_worker_that_dies_fails_only_its_request_and_one_dead_while_idle_fails_none(

@@ -240,8 +240,8 @@ class ProcessingError(MmprocError):
 
 class WorkerProcessError(ProcessingError):
     """A worker process (``worker_kind="process"``) could not start, died, or ran past
-    ``worker_timeout_s`` while it processed a request's items; it is replaced, and only that
-    request fails."""
+    ``worker_timeout_s`` while it processed a request's items (it is replaced), or there was no
+    shared memory to hand it a request's items or outputs; only that request fails."""
 
 
 # --- the wire ---------------------------------------------------------------------------------

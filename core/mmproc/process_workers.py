@@ -15,7 +15,9 @@ from call to call: a new block costs a page fault per page written, more than th
 A block too small for a call is replaced by a larger one (outputs that do not fit come back once
 in a block of their own call, and the next call finds a block their size); a call larger than
 ``_KEPT_BLOCK_MAX`` goes in blocks of its own, so a rare large video does not hold that much
-shared memory for as long as the worker lives. The serving process unlinks every block: a
+shared memory for as long as the worker lives. A block's memory is reserved when it is made,
+so shared memory that runs out fails the request with a ``WorkerProcessError`` instead of
+killing a process with SIGBUS. The serving process unlinks every block: a
 worker's own when the worker stops, a call's own (``mmproc_<serving pid>_<call>_in`` /
 ``_out``) once the call ends, its worker answered or stopped.
 
@@ -90,10 +92,27 @@ def _call_block_names() -> tuple[str, str]:
     return f"{call}_in", f"{call}_out"
 
 
+def _allocated(name: str, size: int) -> SharedMemory:
+    """A new block of ``size`` bytes with its memory reserved now: shared memory that runs out
+    (a container's small /dev/shm) is an OSError here, not a SIGBUS that kills whichever
+    process first writes a page nobody can give it.
+
+    Raises:
+        OSError: there is not that much shared memory.
+    """
+    block = SharedMemory(name=name, create=True, size=size)
+    try:
+        os.posix_fallocate(block._fd, 0, size)  # type: ignore[attr-defined]
+    except OSError:
+        _drop(block)
+        raise
+    return block
+
+
 def _new_block(name: str, size: int) -> SharedMemory:
     """A block for one call: kept out of this process's resource tracker, as the serving process
     unlinks it (at the latest when the call ends)."""
-    block = SharedMemory(name=name, create=True, size=max(size, 1))
+    block = _allocated(name, max(size, 1))
     resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
     return block
 
@@ -139,7 +158,7 @@ class _KeptBlock:
         if self.block is None or self.block.size < needed:
             size = min(_KEPT_BLOCK_MAX, max(needed + 1, int(needed * _GROWTH)))
             name = f"{self._prefix}_{secrets.token_hex(4)}_{self._role}"
-            fresh = SharedMemory(name=name, create=True, size=size)
+            fresh = _allocated(name, size)
             _drop(self.block)
             self.block = fresh
         return self.block
@@ -216,6 +235,8 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
             answer = ("ok", (at, layout, None if ids is None else prompt_ids_row(ids)))
         except BaseException as exc:
             _release(call_outputs)  # _pack may have made it before the failure
+            if isinstance(exc, WorkerProcessError):  # no shared memory: say whose request
+                exc = WorkerProcessError(f"{named}: {exc}")
             answer = ("error", _portable(exc))
         if not _send_answer(conn, answer, call_outputs, named):
             return
@@ -402,7 +423,12 @@ def _pack(
         assert attached is not None and outbox is not None
         block = attached("out", outbox[0])
     else:
-        block = _new_block(call_name, offset)
+        try:
+            block = _new_block(call_name, offset)
+        except OSError as exc:
+            raise WorkerProcessError(
+                f"no shared memory for the outputs ({offset:,} bytes): {exc}"
+            ) from exc
     position = 0
     try:
         for entries_of in layout:
@@ -720,10 +746,12 @@ class WorkerProcesses:
             return _unpack(worker.outbox.block, layout)
         block = SharedMemory(name=name)
         try:
-            return _unpack(block, layout)
+            outputs = _unpack(block, layout)
         finally:
             block.close()
+        with contextlib.suppress(OSError):  # no room to keep that much: the next such call spills
             worker.outbox.fitted(size)
+        return outputs
 
     def _message(
         self,
@@ -747,7 +775,7 @@ class WorkerProcesses:
                 )
             )
         except OSError as exc:
-            raise ProcessingError(
+            raise WorkerProcessError(
                 f"{self._model}: no shared memory for this request's items: {exc}"
             ) from exc
         except Exception as exc:
