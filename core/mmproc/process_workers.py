@@ -17,9 +17,9 @@ in a block of their own call, and the next call finds a block their size); a cal
 ``_KEPT_BLOCK_MAX`` goes in blocks of its own, so a rare large video does not hold that much
 shared memory for as long as the worker lives. A block's memory is reserved when it is made,
 so shared memory that runs out fails the request with a ``WorkerProcessError`` instead of
-killing a process with SIGBUS. The serving process unlinks every block: a
-worker's own when the worker stops, a call's own (``mmproc_<serving pid>_<call>_in`` /
-``_out``) once the call ends, its worker answered or stopped.
+killing a process with SIGBUS. The serving process unlinks every block: a worker's own when the
+worker stops, a call's own (``mmproc_<serving pid>_<call>_in`` / ``_out``) once the call ends,
+its worker answered or stopped.
 
 Workers are spawned (a fresh interpreter: no state forked from the server), side by side, each
 loading its processor once; by default in the background at start-up, so that construction does
