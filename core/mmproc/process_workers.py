@@ -127,12 +127,18 @@ def _release(name: str | None) -> None:
         block.unlink()
 
 
+def _unmap(block: SharedMemory) -> None:
+    """Close this process's mapping of a block; where a view of it is still open (a copy cut
+    short by an error), the mapping goes when the view does."""
+    with contextlib.suppress(BufferError):
+        block.close()
+
+
 def _drop(block: SharedMemory | None) -> None:
     """Unmap and unlink a block this process made."""
     if block is None:
         return
-    with contextlib.suppress(BufferError):  # a view still open: the mapping goes with it
-        block.close()
+    _unmap(block)
     with contextlib.suppress(FileNotFoundError):
         block.unlink()
 
@@ -179,8 +185,7 @@ class _Attached:
         block = self._blocks.get(role)
         if block is None or block.name != name:
             if block is not None:
-                with contextlib.suppress(BufferError):
-                    block.close()
+                _unmap(block)
             # Opening registers it with the resource tracker the worker shares with the serving
             # process: the serving process's unlink unregisters it.
             block = self._blocks[role] = SharedMemory(name=name)
@@ -335,7 +340,7 @@ def _items_to(
                 position += 1
     finally:
         if kept is None:
-            block.close()  # unlinked once the call ends
+            _unmap(block)  # unlinked once the call ends
     return (block.name, kept is not None, offset), described
 
 
@@ -369,7 +374,7 @@ def _items_from(attached: _Attached, at: _At, described: list[Any]) -> dict[str,
         return items
     finally:
         if at is not None and not at[1] and block is not None:
-            block.close()
+            _unmap(block)
 
 
 def _portable(exc: BaseException) -> bytes:
@@ -443,7 +448,7 @@ def _pack(
                     del view
     finally:
         if not kept:
-            block.close()  # the serving process unlinks it once it has copied the outputs out
+            _unmap(block)  # the serving process unlinks it once it has copied the outputs out
     return (block.name, kept, offset), layout
 
 
@@ -748,7 +753,7 @@ class WorkerProcesses:
         try:
             outputs = _unpack(block, layout)
         finally:
-            block.close()
+            _unmap(block)
         with contextlib.suppress(OSError):  # no room to keep that much: the next such call spills
             worker.outbox.fitted(size)
         return outputs
