@@ -273,6 +273,24 @@ def test_a_worker_that_hangs_at_start_up_is_stopped_and_its_calls_fail_naming_th
         workers.close()
 
 
+def test_workers_closed_while_they_start_are_stopped_before_close_returns(
+    processes: mmproc.Processor, qwen_folder: Path
+) -> None:
+    others = set(wait_for_workers(processes, 2))
+    workers = WorkerProcesses(
+        WorkerSpec(str(qwen_folder), mmproc.get_processor), 2, timeout_s=5, model="Qwen2-VL"
+    )
+    wait_until(lambda: len(starting_workers(others)) == 2, "the workers never started")
+    workers.close()  # they are still loading their processors
+    assert starting_workers(others) == []
+    assert call_blocks() == [] and workers.kept_blocks == []
+
+
+def starting_workers(others: set[int]) -> list[int]:
+    children = multiprocessing.active_children()
+    return [p.pid for p in children if p.name.startswith("mmproc-worker") and p.pid not in others]
+
+
 def test_outputs_that_cannot_be_sent_back_are_answered_with_an_error_and_freed() -> None:
     worker_end, serving_end = multiprocessing.Pipe()
     _, outputs_name = _call_block_names()

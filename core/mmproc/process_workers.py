@@ -490,7 +490,13 @@ class _Worker:
     """
 
     def __init__(
-        self, spec: WorkerSpec, index: int, *, startup_timeout_s: float, torch_threads: int
+        self,
+        spec: WorkerSpec,
+        index: int,
+        *,
+        startup_timeout_s: float,
+        torch_threads: int,
+        abandoned: threading.Event,
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
@@ -505,18 +511,21 @@ class _Worker:
         started = time.perf_counter()
         self.process.start()
         child.close()
-        status, detail = self._first_answer(startup_timeout_s)
+        status, detail = self._first_answer(startup_timeout_s, abandoned)
         if status != "ready":
             self.stop(kill=status == "late")
             raise WorkerProcessError(f"worker process {self.process.name} {detail}")
         self.startup_s = time.perf_counter() - started
 
-    def _first_answer(self, timeout_s: float) -> tuple[str, str | None]:
-        """``("ready", None)``, or why not: ``("failed", …)``, ``("late", …)``."""
+    def _first_answer(self, timeout_s: float, abandoned: threading.Event) -> tuple[str, str | None]:
+        """``("ready", None)``, or why not: ``("failed", …)``, ``("late", …)`` (too slow, or no
+        longer wanted: the workers were closed while it started)."""
         deadline = time.monotonic() + timeout_s
         while not self.conn.poll(0.1):
             if not self.process.is_alive():
                 break
+            if abandoned.is_set():
+                return "late", "was stopped while it started: the workers were closed"
             if time.monotonic() > deadline:
                 return "late", f"did not start within {timeout_s:g} s; it was stopped"
         try:
@@ -591,10 +600,19 @@ class WorkerProcesses:
         self._closed = False
         self._started = 0
         self._in_flight = 0
-        starter = threading.Thread(target=self._start, args=(count,), daemon=True)
-        starter.start()
+        # Set by close: a worker still starting is stopped, and close waits for that, so that
+        # no interpreter is left half started (it would report its lost parent on stderr).
+        self._closing = threading.Event()
+        self._starters: list[threading.Thread] = []
+        self._starting(self._start, count)
         if not background:
-            starter.join()
+            self._starters[0].join()
+
+    def _starting(self, target: Callable[..., None], *args: Any) -> None:
+        starter = threading.Thread(target=target, args=args, daemon=True)
+        with self._lock:
+            self._starters = [t for t in self._starters if t.is_alive()] + [starter]
+        starter.start()
 
     def _start(self, count: int) -> None:
         starters = [threading.Thread(target=self._spawn, daemon=True) for _ in range(count)]
@@ -613,6 +631,7 @@ class WorkerProcesses:
                 index,
                 startup_timeout_s=self._startup_timeout,
                 torch_threads=self._torch_threads,
+                abandoned=self._closing,
             )
         except BaseException as exc:
             self._idle.put(exc)  # the call that takes it says why
@@ -626,7 +645,7 @@ class WorkerProcesses:
 
     def _respawn(self) -> None:
         if not self._closed:
-            threading.Thread(target=self._spawn, daemon=True).start()
+            self._starting(self._spawn)
 
     def _retire(self, worker: _Worker) -> None:
         """Stop ``worker`` for good (killed: its state is unknown) and start another."""
@@ -814,8 +833,13 @@ class WorkerProcesses:
 
     def close(self) -> None:
         """Stop every worker (idempotent)."""
+        self._closing.set()
         with self._lock:
             self._closed = True
             workers, self._all = self._all, []
+            starters = list(self._starters)
         for worker in workers:
             worker.stop()
+        for starter in starters:
+            if starter is not threading.current_thread():
+                starter.join(2 * _STOP_GRACE_S)
