@@ -41,14 +41,8 @@ from mmproc.errors import (
     UnknownArchitectureError,
     WorkerProcessError,
 )
-from mmproc.process_workers import (
-    WorkerProcesses,
-    WorkerSpec,
-    _call_block_names,
-    _pack,
-    _portable,
-    _send_answer,
-)
+from mmproc.process_workers import WorkerProcesses, WorkerSpec, _portable, _send_answer
+from mmproc.shared_blocks import call_block_names, write_outputs
 from mmproc.testing import noise_image
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -176,9 +170,9 @@ def test_each_worker_keeps_its_blocks_and_grows_them_for_a_larger_call(
 def test_a_call_larger_than_a_worker_keeps_goes_in_blocks_of_its_own(
     processes: mmproc.Processor, threads: mmproc.Processor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mmproc.process_workers
+    import mmproc.shared_blocks
 
-    monkeypatch.setattr(mmproc.process_workers, "_KEPT_BLOCK_MAX", 1 << 16)
+    monkeypatch.setattr(mmproc.shared_blocks, "KEPT_BLOCK_MAX", 1 << 16)
     before = {n: os.path.getsize(f"/dev/shm/{n}") for n in blocks_of_this_process()}
     mm_data = {"image": [noise_image(400, 300, seed=15)]}  # 360 kB of pixels, more outputs
     for _ in range(2):
@@ -293,9 +287,9 @@ def starting_workers(others: set[int]) -> list[int]:
 
 def test_outputs_that_cannot_be_sent_back_are_answered_with_an_error_and_freed() -> None:
     worker_end, serving_end = multiprocessing.Pipe()
-    _, outputs_name = _call_block_names()
+    _, outputs_name = call_block_names()
     outputs = {"image": [{"pixel_values": torch.ones(4, 3), "made_by": lambda: None}]}
-    at, layout = _pack(outputs, outputs_name)
+    at, layout = write_outputs(outputs, outputs_name)
     assert call_blocks() == [outputs_name]
     assert _send_answer(worker_end, ("ok", (at, layout, None)), outputs_name, "Tiny (plugin 'x')")
     status, detail = serving_end.recv()

@@ -7,19 +7,9 @@ idle process for the length of the call. The process runs the plugin's ``process
 Everything else stays in the serving process: the cache (one for all workers), single flight,
 prompt updates, tokenising, so the outputs are those of the thread pool, bit for bit.
 
-A call's items go to the worker through shared memory (an image in mode ``L``, ``RGB`` or
-``RGBA`` as its pixels, a video's frames, an audio waveform; any other item pickled), and its
-per-item outputs come back the same way, copied out once into ordinary tensors. Each worker has
-two blocks of its own, one for items and one for outputs, made by the serving process and kept
-from call to call: a new block costs a page fault per page written, more than the copy itself.
-A block too small for a call is replaced by a larger one (outputs that do not fit come back once
-in a block of their own call, and the next call finds a block their size); a call larger than
-``_KEPT_BLOCK_MAX`` goes in blocks of its own, so a rare large video does not hold that much
-shared memory for as long as the worker lives. A block's memory is reserved when it is made,
-so shared memory that runs out fails the request with a ``WorkerProcessError`` instead of
-killing a process with SIGBUS. The serving process unlinks every block: a worker's own when the
-worker stops, a call's own (``mmproc_<serving pid>_<call>_in`` / ``_out``) once the call ends,
-its worker answered or stopped.
+A call's items go to the worker, and its per-item outputs come back, through shared memory
+(:mod:`mmproc.shared_blocks`): two blocks each worker keeps from call to call, the serving
+process's to make, grow and unlink.
 
 Workers are spawned (a fresh interpreter: no state forked from the server), side by side, each
 loading its processor once; by default in the background at start-up, so that construction does
@@ -41,33 +31,37 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import os
 import pickle
 import queue
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
-import numpy as np
-
 from mmproc.errors import MmprocError, ProcessingError, WorkerProcessError
 from mmproc.executor import intra_op_threads_for
+from mmproc.shared_blocks import (
+    AttachedBlocks,
+    KeptBlock,
+    Where,
+    call_block_names,
+    read_items,
+    read_outputs,
+    release_block,
+    unmap,
+    write_items,
+    write_outputs,
+)
 
 __all__ = ["WorkerProcesses", "WorkerSpec"]
 
 logger = logging.getLogger(__name__)
 
-_ALIGN = 64  # bytes: every tensor in the shared block starts on a cache line
 _STOP_GRACE_S = 5.0  # how long a worker told to stop, or killed, is waited for at each step
-_KEPT_BLOCK_MAX = 64 << 20  # bytes: the largest block a worker keeps from call to call
-_GROWTH = 1.25  # a worker's block made for a call has this much room for larger ones to come
 
 
 @dataclass(frozen=True)
@@ -80,120 +74,6 @@ class WorkerSpec:
     model: str
     build: Callable[..., Any]
     options: Mapping[str, Any] = field(default_factory=dict)
-
-
-# --- shared blocks --------------------------------------------------------------------------------
-
-
-def _call_block_names() -> tuple[str, str]:
-    """The names of one call's own blocks, items and outputs: unique, and known to the serving
-    process before either exists, so it can unlink what a stopped worker left."""
-    call = f"mmproc_{os.getpid()}_{secrets.token_hex(4)}"
-    return f"{call}_in", f"{call}_out"
-
-
-def _allocated(name: str, size: int) -> SharedMemory:
-    """A new block of ``size`` bytes with its memory reserved now: shared memory that runs out
-    (a container's small /dev/shm) is an OSError here, not a SIGBUS that kills whichever
-    process first writes a page nobody can give it.
-
-    Raises:
-        OSError: there is not that much shared memory.
-    """
-    block = SharedMemory(name=name, create=True, size=size)
-    try:
-        os.posix_fallocate(block._fd, 0, size)  # type: ignore[attr-defined]
-    except OSError:
-        _drop(block)
-        raise
-    return block
-
-
-def _new_block(name: str, size: int) -> SharedMemory:
-    """A block for one call: kept out of this process's resource tracker, as the serving process
-    unlinks it (at the latest when the call ends)."""
-    block = _allocated(name, max(size, 1))
-    resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
-    return block
-
-
-def _release(name: str | None) -> None:
-    """Unlink a shared block if it is still there."""
-    if name is None:
-        return
-    with contextlib.suppress(FileNotFoundError):
-        block = SharedMemory(name=name)
-        block.close()
-        block.unlink()
-
-
-def _unmap(block: SharedMemory) -> None:
-    """Close this process's mapping of a block; where a view of it is still open (a copy cut
-    short by an error), the mapping goes when the view does."""
-    with contextlib.suppress(BufferError):
-        block.close()
-
-
-def _drop(block: SharedMemory | None) -> None:
-    """Unmap and unlink a block this process made."""
-    if block is None:
-        return
-    _unmap(block)
-    with contextlib.suppress(FileNotFoundError):
-        block.unlink()
-
-
-class _KeptBlock:
-    """A worker's block of one direction, made by the serving process and used call after call;
-    left in the resource tracker, so that it is unlinked even if the serving process dies."""
-
-    def __init__(self, worker_index: int, role: str) -> None:
-        self._prefix = f"mmproc_{os.getpid()}_w{worker_index}"
-        self._role = role
-        self.block: SharedMemory | None = None
-
-    @property
-    def size(self) -> int:
-        return 0 if self.block is None else self.block.size
-
-    def fitted(self, needed: int) -> SharedMemory | None:
-        """The block, replaced by a larger one if it holds less than ``needed`` bytes; None when
-        ``needed`` is more than a worker keeps (the call makes a block of its own)."""
-        if needed > _KEPT_BLOCK_MAX:
-            return None
-        if self.block is None or self.block.size < needed:
-            size = min(_KEPT_BLOCK_MAX, max(needed + 1, int(needed * _GROWTH)))
-            name = f"{self._prefix}_{secrets.token_hex(4)}_{self._role}"
-            fresh = _allocated(name, size)
-            _drop(self.block)
-            self.block = fresh
-        return self.block
-
-    def drop(self) -> None:
-        _drop(self.block)
-        self.block = None
-
-
-class _Attached:
-    """The worker's mappings of the serving process's blocks, by name: a block is mapped once,
-    and unmapped when the serving process names a new one in its place."""
-
-    def __init__(self) -> None:
-        self._blocks: dict[str, SharedMemory] = {}
-
-    def __call__(self, role: str, name: str) -> SharedMemory:
-        block = self._blocks.get(role)
-        if block is None or block.name != name:
-            if block is not None:
-                _unmap(block)
-            # Opening registers it with the resource tracker the worker shares with the serving
-            # process: the serving process's unlink unregisters it.
-            block = self._blocks[role] = SharedMemory(name=name)
-        return block
-
-
-def _aligned(offset: int) -> int:
-    return -(-offset // _ALIGN) * _ALIGN
 
 
 # --- the worker's side ---------------------------------------------------------------------------
@@ -218,7 +98,7 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
         return
     model, ctx, hf = processor.model, processor.ctx, processor.hf_processor
     named = f"{ctx.architecture} (plugin {ctx.plugin!r})"
-    attached = _Attached()
+    attached = AttachedBlocks()
     conn.send(("ready", None))
     while True:
         try:
@@ -231,15 +111,15 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
         mode, text, items_at, described, kwargs, outbox, call_outputs = message
         answer: tuple[str, Any]
         try:
-            items = _items_from(attached, items_at, described)
+            items = read_items(attached, items_at, described)
             counts = {modality: len(values) for modality, values in items.items()}
             outputs = model.process_mm_data(ctx, mode, text, items, hf, kwargs)
             per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
             ids = outputs.get("input_ids") if "input_ids" in outputs else None
-            at, layout = _pack(per_item, call_outputs, attached=attached, outbox=outbox)
+            at, layout = write_outputs(per_item, call_outputs, attached=attached, outbox=outbox)
             answer = ("ok", (at, layout, None if ids is None else prompt_ids_row(ids)))
         except BaseException as exc:
-            _release(call_outputs)  # _pack may have made it before the failure
+            release_block(call_outputs)  # write_outputs may have made it before the failure
             if isinstance(exc, WorkerProcessError):  # no shared memory: say whose request
                 exc = WorkerProcessError(f"{named}: {exc}")
             answer = ("error", _portable(exc))
@@ -254,10 +134,10 @@ def _send_answer(conn: Connection, answer: tuple[str, Any], outputs_name: str, n
         conn.send(answer)
         return True
     except OSError:  # the pipe is closed: nobody will read the block
-        _release(outputs_name)
+        release_block(outputs_name)
         return False
     except Exception as exc:  # pickling fails before anything is written: the pipe is intact
-        _release(outputs_name)
+        release_block(outputs_name)
         error = ProcessingError(
             f"{named}: the outputs cannot be sent back from the worker process: "
             f"{type(exc).__name__}: {exc}"
@@ -266,115 +146,7 @@ def _send_answer(conn: Connection, answer: tuple[str, Any], outputs_name: str, n
         return True
 
 
-# --- items to the worker --------------------------------------------------------------------------
-
-
-# Where a call's items or outputs lie: (block name, whether it is one the worker keeps, bytes
-# used), or None when there is no array to hold.
-_At = tuple[str, bool, int] | None
-
-
-def _items_to(
-    items: Mapping[str, list[Any]], inbox: _KeptBlock, call_name: str
-) -> tuple[_At, list[Any]]:
-    """The items' pixels and samples written to shared memory (an image as its array when that
-    is all it is; anything else pickled): the worker's items block, or one of the call's own
-    (``call_name``) when they are more than a worker keeps; where they lie, and how to rebuild
-    each item."""
-    from PIL import Image
-
-    from mmproc.media.items import AudioItem, VideoItem
-    from mmproc.media.pillow_pixels import rgbx_pixels
-    from mmproc.media.video import ARRAY_MODES
-
-    arrays: list[np.ndarray] = []
-    described: list[Any] = []
-    keep_alive: list[object] = []  # what the views of Pillow's memory need until copied
-    offset = 0
-
-    def place(array: np.ndarray) -> tuple[str, tuple[int, ...], int]:
-        nonlocal offset
-        offset = _aligned(offset)
-        arrays.append(np.ascontiguousarray(array))
-        at = offset
-        offset += array.nbytes
-        return str(array.dtype), tuple(array.shape), at
-
-    for modality, values in items.items():
-        entries: list[tuple[Any, ...]] = []
-        for value in values:
-            if (
-                isinstance(value, Image.Image)
-                and value.mode in ARRAY_MODES
-                and not value.info.get("transparency")
-            ):
-                # An RGB image goes as Pillow holds it, four bytes a pixel: one copy, where
-                # np.asarray would make another to drop the fourth byte.
-                pixels, alive = rgbx_pixels(value) if value.mode == "RGB" else (None, None)
-                if pixels is not None and pixels.shape[-1] == 4:
-                    keep_alive.append(alive)
-                    entries.append(("image", ("RGB", "RGBX"), *place(pixels)))
-                else:
-                    entries.append(("image", (value.mode, value.mode), *place(np.asarray(value))))
-            elif isinstance(value, VideoItem):
-                entries.append(("video", value.metadata, *place(value.frames)))
-            elif isinstance(value, AudioItem):
-                entries.append(("audio", value.sample_rate, *place(value.waveform)))
-            else:
-                entries.append(("pickle", pickle.dumps(value)))
-        described.append((modality, entries))
-    if not arrays:
-        return None, described
-    kept = inbox.fitted(offset)
-    block = kept if kept is not None else _new_block(call_name, offset)
-    try:
-        position = 0
-        for _, entries in described:
-            for entry in entries:
-                if entry[0] == "pickle":
-                    continue
-                _, _, dtype, shape, at = entry
-                view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=at)
-                view[...] = arrays[position]
-                del view
-                position += 1
-    finally:
-        if kept is None:
-            _unmap(block)  # unlinked once the call ends
-    return (block.name, kept is not None, offset), described
-
-
-def _items_from(attached: _Attached, at: _At, described: list[Any]) -> dict[str, list[Any]]:
-    """The items a worker was sent, copied out of shared memory (the block is used again)."""
-    from PIL import Image
-
-    from mmproc.media.items import AudioItem, VideoItem
-
-    block = None if at is None else attached("in", at[0]) if at[1] else SharedMemory(name=at[0])
-    try:
-        items: dict[str, list[Any]] = {}
-        for modality, entries in described:
-            values = items.setdefault(modality, [])
-            for entry in entries:
-                if entry[0] == "pickle":
-                    values.append(pickle.loads(entry[1]))
-                    continue
-                kind, extra, dtype, shape, offset = entry
-                assert block is not None  # items with arrays come with their block
-                view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=offset)
-                if kind == "image":  # frombytes copies (fromarray may not, for L and RGBA)
-                    mode, raw_mode = extra
-                    size = (shape[1], shape[0])
-                    values.append(Image.frombytes(mode, size, view, "raw", raw_mode))
-                elif kind == "video":
-                    values.append(VideoItem(view.copy(), extra))
-                else:
-                    values.append(AudioItem(view.copy(), extra))
-                del view
-        return items
-    finally:
-        if at is not None and not at[1] and block is not None:
-            _unmap(block)
+# --- errors from the worker ----------------------------------------------------------------------
 
 
 def _portable(exc: BaseException) -> bytes:
@@ -388,97 +160,7 @@ def _portable(exc: BaseException) -> bytes:
         return pickle.dumps(ProcessingError(f"{type(exc).__name__}: {exc}"))
 
 
-def _pack(
-    per_item: Mapping[str, list[dict[str, Any]]],
-    call_name: str,
-    *,
-    attached: _Attached | None = None,
-    outbox: tuple[str, int] | None = None,
-) -> tuple[_At, list[Any]]:
-    """Put every tensor of ``per_item`` in shared memory: the worker's outputs block (``outbox``:
-    its name and size) when they fit, else a block of the call's own named ``call_name``. Where
-    they lie (None when there is no tensor) and the layout: per modality, per item, key ->
-    ("tensor", dtype, shape, offset) or ("value", v)."""
-    import torch
-
-    arrays: list[np.ndarray] = []
-    layout: list[Any] = []
-    offset = 0
-    for modality, items in per_item.items():
-        entries = []
-        for item in items:
-            described: dict[str, Any] = {}
-            for key, value in item.items():
-                if isinstance(value, torch.Tensor | np.ndarray):
-                    tensor = torch.as_tensor(value).detach().cpu().contiguous()
-                    as_bits = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
-                    array = as_bits.numpy()
-                    offset = _aligned(offset)
-                    described[key] = ("tensor", str(tensor.dtype), tuple(tensor.shape), offset)
-                    arrays.append(array)
-                    offset += array.nbytes
-                else:
-                    described[key] = ("value", value)
-            entries.append(described)
-        layout.append((modality, entries))
-    if not arrays:
-        return None, layout
-    kept = outbox is not None and attached is not None and offset <= outbox[1]
-    if kept:
-        assert attached is not None and outbox is not None
-        block = attached("out", outbox[0])
-    else:
-        try:
-            block = _new_block(call_name, offset)
-        except OSError as exc:
-            raise WorkerProcessError(
-                f"no shared memory for the outputs ({offset:,} bytes): {exc}"
-            ) from exc
-    position = 0
-    try:
-        for entries_of in layout:
-            for described in entries_of[1]:
-                for entry in described.values():
-                    if entry[0] != "tensor":
-                        continue
-                    array = arrays[position]
-                    position += 1
-                    view = np.ndarray(array.shape, array.dtype, buffer=block.buf, offset=entry[3])
-                    view[...] = array
-                    del view
-    finally:
-        if not kept:
-            _unmap(block)  # the serving process unlinks it once it has copied the outputs out
-    return (block.name, kept, offset), layout
-
-
 # --- the serving process's side -------------------------------------------------------------------
-
-
-def _unpack(block: SharedMemory | None, layout: list[Any]) -> dict[str, list[dict[str, Any]]]:
-    """The per-item outputs, copied out of a worker's block."""
-    import torch
-
-    per_item: dict[str, list[dict[str, Any]]] = {}
-    for modality, entries in layout:
-        items = per_item.setdefault(modality, [])
-        for described in entries:
-            item: dict[str, Any] = {}
-            for key, entry in described.items():
-                if entry[0] == "value":
-                    item[key] = entry[1]
-                    continue
-                _, dtype_name, shape, offset = entry
-                assert block is not None  # a layout with tensors comes with its block
-                dtype = getattr(torch, dtype_name.removeprefix("torch."))
-                carrier = torch.int16 if dtype == torch.bfloat16 else dtype
-                count = int(np.prod(shape)) if shape else 1
-                raw = torch.frombuffer(block.buf, dtype=carrier, count=count, offset=offset)
-                tensor = raw.clone().view(shape)
-                del raw
-                item[key] = tensor.view(dtype) if carrier is not dtype else tensor
-            items.append(item)
-    return per_item
 
 
 class _Worker:
@@ -506,8 +188,8 @@ class _Worker:
             name=f"mmproc-worker-{index}",
             daemon=True,
         )
-        self.inbox = _KeptBlock(index, "in")
-        self.outbox = _KeptBlock(index, "out")
+        self.inbox = KeptBlock(index, "in")
+        self.outbox = KeptBlock(index, "out")
         started = time.perf_counter()
         self.process.start()
         child.close()
@@ -733,7 +415,7 @@ class WorkerProcesses:
             ProcessingError: the items or ``kwargs`` cannot be sent to a worker process.
             MmprocError: what the plugin's hook raised, as in a worker thread.
         """
-        items_name, outputs_name = _call_block_names()
+        items_name, outputs_name = call_block_names()
         try:
             with self._lent() as lease:
                 worker = lease.worker
@@ -751,28 +433,28 @@ class WorkerProcesses:
                     return self._outputs(worker, at, layout), ids
         finally:
             # The worker answered or was stopped: what is left of this call's blocks is ours.
-            _release(items_name)
-            _release(outputs_name)
+            release_block(items_name)
+            release_block(outputs_name)
         error = pickle.loads(detail)
         if isinstance(error, MmprocError):
             raise error
         raise ProcessingError(f"{self._model}: {type(error).__name__}: {error}")
 
     @staticmethod
-    def _outputs(worker: _Worker, at: _At, layout: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    def _outputs(worker: _Worker, at: Where, layout: list[Any]) -> dict[str, list[dict[str, Any]]]:
         """The outputs of a call, from the worker's block or the call's own; after the call's
         own, the worker's block is made large enough for outputs of that size."""
         if at is None:
-            return _unpack(None, layout)
+            return read_outputs(None, layout)
         name, kept, size = at
         if kept:
             assert worker.outbox.block is not None and worker.outbox.block.name == name
-            return _unpack(worker.outbox.block, layout)
+            return read_outputs(worker.outbox.block, layout)
         block = SharedMemory(name=name)
         try:
-            outputs = _unpack(block, layout)
+            outputs = read_outputs(block, layout)
         finally:
-            _unmap(block)
+            unmap(block)
         with contextlib.suppress(OSError):  # no room to keep that much: the next such call spills
             worker.outbox.fitted(size)
         return outputs
@@ -790,7 +472,7 @@ class WorkerProcesses:
         """The call as ``worker`` receives it, its items written to shared memory (pickled
         here, so a value that cannot go to a worker fails before the worker is sent anything)."""
         try:
-            items_at, described = _items_to(items, worker.inbox, items_name)
+            items_at, described = write_items(items, worker.inbox, items_name)
             outbox = worker.outbox.block
             kept_out = None if outbox is None else (outbox.name, outbox.size)
             return bytes(

@@ -1,0 +1,355 @@
+"""A call's items and outputs between the serving process and a worker process, in shared memory.
+
+The items go as their arrays (an image in mode ``L``, ``RGB`` or ``RGBA`` as its pixels, a
+video's frames, an audio waveform; any other item pickled), the per-item outputs as their
+tensors, each copied once into the block and once out of it. Each worker has two blocks of its
+own, one for items and one for outputs, made by the serving process and kept from call to call:
+a new block costs a page fault per page written, more than the copy itself. A block too small
+for a call is replaced by a larger one (outputs that do not fit come back once in a block of the
+call's own, and the next call finds a block their size); a call larger than ``KEPT_BLOCK_MAX``
+goes in blocks of its own, so a rare large video does not hold that much shared memory for as
+long as the worker lives. A block's memory is reserved when it is made, so shared memory that
+runs out fails the request with a ``WorkerProcessError`` instead of killing a process with
+SIGBUS. The serving process unlinks every block: a worker's own when the worker stops, a call's
+own (``mmproc_<serving pid>_<call>_in`` / ``_out``) once the call ends, its worker answered or
+stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import secrets
+from collections.abc import Mapping
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from mmproc.errors import WorkerProcessError
+
+__all__ = [
+    "KEPT_BLOCK_MAX",
+    "AttachedBlocks",
+    "KeptBlock",
+    "Where",
+    "call_block_names",
+    "new_call_block",
+    "read_items",
+    "read_outputs",
+    "release_block",
+    "unmap",
+    "write_items",
+    "write_outputs",
+]
+
+_ALIGN = 64  # bytes: every array in a block starts on a cache line
+KEPT_BLOCK_MAX = 64 << 20  # bytes: the largest block a worker keeps from call to call
+_GROWTH = 1.25  # a worker's block made for a call has this much room for larger ones to come
+
+
+def call_block_names() -> tuple[str, str]:
+    """The names of one call's own blocks, items and outputs: unique, and known to the serving
+    process before either exists, so it can unlink what a stopped worker left."""
+    call = f"mmproc_{os.getpid()}_{secrets.token_hex(4)}"
+    return f"{call}_in", f"{call}_out"
+
+
+def _allocated(name: str, size: int) -> SharedMemory:
+    """A new block of ``size`` bytes with its memory reserved now: shared memory that runs out
+    (a container's small /dev/shm) is an OSError here, not a SIGBUS that kills whichever
+    process first writes a page nobody can give it.
+
+    Raises:
+        OSError: there is not that much shared memory.
+    """
+    block = SharedMemory(name=name, create=True, size=size)
+    try:
+        os.posix_fallocate(block._fd, 0, size)  # type: ignore[attr-defined]
+    except OSError:
+        _drop(block)
+        raise
+    return block
+
+
+def new_call_block(name: str, size: int) -> SharedMemory:
+    """A block for one call: kept out of this process's resource tracker, as the serving process
+    unlinks it (at the latest when the call ends)."""
+    block = _allocated(name, max(size, 1))
+    resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]
+    return block
+
+
+def release_block(name: str | None) -> None:
+    """Unlink a shared block if it is still there."""
+    if name is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        block = SharedMemory(name=name)
+        block.close()
+        block.unlink()
+
+
+def unmap(block: SharedMemory) -> None:
+    """Close this process's mapping of a block; where a view of it is still open (a copy cut
+    short by an error), the mapping goes when the view does."""
+    with contextlib.suppress(BufferError):
+        block.close()
+
+
+def _drop(block: SharedMemory | None) -> None:
+    """Unmap and unlink a block this process made."""
+    if block is None:
+        return
+    unmap(block)
+    with contextlib.suppress(FileNotFoundError):
+        block.unlink()
+
+
+class KeptBlock:
+    """A worker's block of one direction, made by the serving process and used call after call;
+    left in the resource tracker, so that it is unlinked even if the serving process dies."""
+
+    def __init__(self, worker_index: int, role: str) -> None:
+        self._prefix = f"mmproc_{os.getpid()}_w{worker_index}"
+        self._role = role
+        self.block: SharedMemory | None = None
+
+    def fitted(self, needed: int) -> SharedMemory | None:
+        """The block, replaced by a larger one if it holds less than ``needed`` bytes; None when
+        ``needed`` is more than a worker keeps (the call makes a block of its own)."""
+        if needed > KEPT_BLOCK_MAX:
+            return None
+        if self.block is None or self.block.size < needed:
+            size = min(KEPT_BLOCK_MAX, max(needed + 1, int(needed * _GROWTH)))
+            name = f"{self._prefix}_{secrets.token_hex(4)}_{self._role}"
+            fresh = _allocated(name, size)
+            _drop(self.block)
+            self.block = fresh
+        return self.block
+
+    def drop(self) -> None:
+        _drop(self.block)
+        self.block = None
+
+
+class AttachedBlocks:
+    """The worker's mappings of the serving process's blocks, by name: a block is mapped once,
+    and unmapped when the serving process names a new one in its place."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, SharedMemory] = {}
+
+    def __call__(self, role: str, name: str) -> SharedMemory:
+        block = self._blocks.get(role)
+        if block is None or block.name != name:
+            if block is not None:
+                unmap(block)
+            # Opening registers it with the resource tracker the worker shares with the serving
+            # process: the serving process's unlink unregisters it.
+            block = self._blocks[role] = SharedMemory(name=name)
+        return block
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // _ALIGN) * _ALIGN
+
+
+# Where a call's items or outputs lie: (block name, whether it is one the worker keeps, bytes
+# used), or None when there is no array to hold.
+Where = tuple[str, bool, int] | None
+
+
+def write_items(
+    items: Mapping[str, list[Any]], inbox: KeptBlock, call_name: str
+) -> tuple[Where, list[Any]]:
+    """The items' pixels and samples written to shared memory (an image as its array when that
+    is all it is; anything else pickled): the worker's items block, or one of the call's own
+    (``call_name``) when they are more than a worker keeps; where they lie, and how to rebuild
+    each item."""
+    from PIL import Image
+
+    from mmproc.media.items import AudioItem, VideoItem
+    from mmproc.media.pillow_pixels import rgbx_pixels
+    from mmproc.media.video import ARRAY_MODES
+
+    arrays: list[np.ndarray] = []
+    described: list[Any] = []
+    keep_alive: list[object] = []  # what the views of Pillow's memory need until copied
+    offset = 0
+
+    def place(array: np.ndarray) -> tuple[str, tuple[int, ...], int]:
+        nonlocal offset
+        offset = _aligned(offset)
+        arrays.append(np.ascontiguousarray(array))
+        at = offset
+        offset += array.nbytes
+        return str(array.dtype), tuple(array.shape), at
+
+    for modality, values in items.items():
+        entries: list[tuple[Any, ...]] = []
+        for value in values:
+            if (
+                isinstance(value, Image.Image)
+                and value.mode in ARRAY_MODES
+                and not value.info.get("transparency")
+            ):
+                # An RGB image goes as Pillow holds it, four bytes a pixel: one copy, where
+                # np.asarray would make another to drop the fourth byte.
+                pixels, alive = rgbx_pixels(value) if value.mode == "RGB" else (None, None)
+                if pixels is not None and pixels.shape[-1] == 4:
+                    keep_alive.append(alive)
+                    entries.append(("image", ("RGB", "RGBX"), *place(pixels)))
+                else:
+                    entries.append(("image", (value.mode, value.mode), *place(np.asarray(value))))
+            elif isinstance(value, VideoItem):
+                entries.append(("video", value.metadata, *place(value.frames)))
+            elif isinstance(value, AudioItem):
+                entries.append(("audio", value.sample_rate, *place(value.waveform)))
+            else:
+                entries.append(("pickle", pickle.dumps(value)))
+        described.append((modality, entries))
+    if not arrays:
+        return None, described
+    kept = inbox.fitted(offset)
+    block = kept if kept is not None else new_call_block(call_name, offset)
+    try:
+        position = 0
+        for _, entries in described:
+            for entry in entries:
+                if entry[0] == "pickle":
+                    continue
+                _, _, dtype, shape, at = entry
+                view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=at)
+                view[...] = arrays[position]
+                del view
+                position += 1
+    finally:
+        if kept is None:
+            unmap(block)  # unlinked once the call ends
+    return (block.name, kept is not None, offset), described
+
+
+def read_items(attached: AttachedBlocks, at: Where, described: list[Any]) -> dict[str, list[Any]]:
+    """The items a worker was sent, copied out of shared memory (the block is used again)."""
+    from PIL import Image
+
+    from mmproc.media.items import AudioItem, VideoItem
+
+    block = None if at is None else attached("in", at[0]) if at[1] else SharedMemory(name=at[0])
+    try:
+        items: dict[str, list[Any]] = {}
+        for modality, entries in described:
+            values = items.setdefault(modality, [])
+            for entry in entries:
+                if entry[0] == "pickle":
+                    values.append(pickle.loads(entry[1]))
+                    continue
+                kind, extra, dtype, shape, offset = entry
+                assert block is not None  # items with arrays come with their block
+                view = np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=offset)
+                if kind == "image":  # frombytes copies (fromarray may not, for L and RGBA)
+                    mode, raw_mode = extra
+                    size = (shape[1], shape[0])
+                    values.append(Image.frombytes(mode, size, view, "raw", raw_mode))
+                elif kind == "video":
+                    values.append(VideoItem(view.copy(), extra))
+                else:
+                    values.append(AudioItem(view.copy(), extra))
+                del view
+        return items
+    finally:
+        if at is not None and not at[1] and block is not None:
+            unmap(block)
+
+
+def write_outputs(
+    per_item: Mapping[str, list[dict[str, Any]]],
+    call_name: str,
+    *,
+    attached: AttachedBlocks | None = None,
+    outbox: tuple[str, int] | None = None,
+) -> tuple[Where, list[Any]]:
+    """Put every tensor of ``per_item`` in shared memory: the worker's outputs block (``outbox``:
+    its name and size) when they fit, else a block of the call's own named ``call_name``. Where
+    they lie (None when there is no tensor) and the layout: per modality, per item, key ->
+    ("tensor", dtype, shape, offset) or ("value", v)."""
+    import torch
+
+    arrays: list[np.ndarray] = []
+    layout: list[Any] = []
+    offset = 0
+    for modality, items in per_item.items():
+        entries = []
+        for item in items:
+            described: dict[str, Any] = {}
+            for key, value in item.items():
+                if isinstance(value, torch.Tensor | np.ndarray):
+                    tensor = torch.as_tensor(value).detach().cpu().contiguous()
+                    as_bits = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
+                    array = as_bits.numpy()
+                    offset = _aligned(offset)
+                    described[key] = ("tensor", str(tensor.dtype), tuple(tensor.shape), offset)
+                    arrays.append(array)
+                    offset += array.nbytes
+                else:
+                    described[key] = ("value", value)
+            entries.append(described)
+        layout.append((modality, entries))
+    if not arrays:
+        return None, layout
+    kept = outbox is not None and attached is not None and offset <= outbox[1]
+    if kept:
+        assert attached is not None and outbox is not None
+        block = attached("out", outbox[0])
+    else:
+        try:
+            block = new_call_block(call_name, offset)
+        except OSError as exc:
+            raise WorkerProcessError(
+                f"no shared memory for the outputs ({offset:,} bytes): {exc}"
+            ) from exc
+    position = 0
+    try:
+        for entries_of in layout:
+            for described in entries_of[1]:
+                for entry in described.values():
+                    if entry[0] != "tensor":
+                        continue
+                    array = arrays[position]
+                    position += 1
+                    view = np.ndarray(array.shape, array.dtype, buffer=block.buf, offset=entry[3])
+                    view[...] = array
+                    del view
+    finally:
+        if not kept:
+            unmap(block)  # the serving process unlinks it once it has copied the outputs out
+    return (block.name, kept, offset), layout
+
+
+def read_outputs(block: SharedMemory | None, layout: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    """The per-item outputs, copied out of a worker's block."""
+    import torch
+
+    per_item: dict[str, list[dict[str, Any]]] = {}
+    for modality, entries in layout:
+        items = per_item.setdefault(modality, [])
+        for described in entries:
+            item: dict[str, Any] = {}
+            for key, entry in described.items():
+                if entry[0] == "value":
+                    item[key] = entry[1]
+                    continue
+                _, dtype_name, shape, offset = entry
+                assert block is not None  # a layout with tensors comes with its block
+                dtype = getattr(torch, dtype_name.removeprefix("torch."))
+                carrier = torch.int16 if dtype == torch.bfloat16 else dtype
+                count = int(np.prod(shape)) if shape else 1
+                raw = torch.frombuffer(block.buf, dtype=carrier, count=count, offset=offset)
+                tensor = raw.clone().view(shape)
+                del raw
+                item[key] = tensor.view(dtype) if carrier is not dtype else tensor
+            items.append(item)
+    return per_item
