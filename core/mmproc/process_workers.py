@@ -416,10 +416,13 @@ class WorkerProcesses:
             MmprocError: what the plugin's hook raised, as in a worker thread.
         """
         items_name, outputs_name = call_block_names()
+        items_own = answered = False
         try:
             with self._lent() as lease:
                 worker = lease.worker
-                message = self._message(worker, mode, text, items, kwargs, items_name, outputs_name)
+                message, items_own = self._message(
+                    worker, mode, text, items, kwargs, items_name, outputs_name
+                )
                 lease.busy = True
                 self._count_in_flight(+1)
                 try:
@@ -428,13 +431,17 @@ class WorkerProcesses:
                     self._count_in_flight(-1)
                 lease.busy = False
                 status, detail = pickle.loads(answer)
+                answered = True  # the worker left no block of this call but what it says
                 if status == "ok":  # copied out before the worker's block is lent again
                     at, layout, ids = detail
                     return self._outputs(worker, at, layout), ids
         finally:
-            # The worker answered or was stopped: what is left of this call's blocks is ours.
-            release_block(items_name)
-            release_block(outputs_name)
+            # The call's own blocks are ours to unlink: the items', if they went in one, and
+            # whatever a worker that never answered may have made.
+            if items_own or not answered:
+                release_block(items_name)
+            if not answered:
+                release_block(outputs_name)
         error = pickle.loads(detail)
         if isinstance(error, MmprocError):
             raise error
@@ -455,6 +462,7 @@ class WorkerProcesses:
             outputs = read_outputs(block, layout)
         finally:
             unmap(block)
+            block.unlink()
         with contextlib.suppress(OSError):  # no room to keep that much: the next such call spills
             worker.outbox.fitted(size)
         return outputs
@@ -468,18 +476,18 @@ class WorkerProcesses:
         kwargs: Mapping[str, Any],
         items_name: str,
         outputs_name: str,
-    ) -> bytes:
+    ) -> tuple[bytes, bool]:
         """The call as ``worker`` receives it, its items written to shared memory (pickled
-        here, so a value that cannot go to a worker fails before the worker is sent anything)."""
+        here, so a value that cannot go to a worker fails before the worker is sent anything),
+        and whether the items went in a block of the call's own."""
         try:
             items_at, described = write_items(items, worker.inbox, items_name)
             outbox = worker.outbox.block
             kept_out = None if outbox is None else (outbox.name, outbox.size)
-            return bytes(
-                ForkingPickler.dumps(
-                    (mode, text, items_at, described, dict(kwargs), kept_out, outputs_name)
-                )
+            message = ForkingPickler.dumps(
+                (mode, text, items_at, described, dict(kwargs), kept_out, outputs_name)
             )
+            return bytes(message), items_at is not None and not items_at[1]
         except OSError as exc:
             raise WorkerProcessError(
                 f"{self._model}: no shared memory for this request's items: {exc}"

@@ -18,6 +18,7 @@ stopped.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pickle
 import secrets
@@ -50,10 +51,16 @@ KEPT_BLOCK_MAX = 64 << 20  # bytes: the largest block a worker keeps from call t
 _GROWTH = 1.25  # a worker's block made for a call has this much room for larger ones to come
 
 
+# Call names: the pid, a token drawn once (a stale block of a dead process that had this pid
+# cannot collide), a counter (drawing random bytes for every call costs a system call).
+_SESSION = secrets.token_hex(4)
+_CALLS = itertools.count()
+
+
 def call_block_names() -> tuple[str, str]:
     """The names of one call's own blocks, items and outputs: unique, and known to the serving
     process before either exists, so it can unlink what a stopped worker left."""
-    call = f"mmproc_{os.getpid()}_{secrets.token_hex(4)}"
+    call = f"mmproc_{os.getpid()}_{_SESSION}{next(_CALLS)}"
     return f"{call}_in", f"{call}_out"
 
 
