@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
 import mmproc
@@ -42,7 +43,16 @@ from mmproc.errors import (
     WorkerProcessError,
 )
 from mmproc.process_workers import WorkerProcesses, WorkerSpec, _portable, _send_answer
-from mmproc.shared_blocks import call_block_names, write_outputs
+from mmproc.shared_blocks import (
+    AttachedBlocks,
+    KeptBlock,
+    call_block_names,
+    read_items,
+    read_outputs,
+    release_block,
+    write_items,
+    write_outputs,
+)
 from mmproc.testing import noise_image
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -192,10 +202,26 @@ def test_shared_memory_that_runs_out_fails_the_request_with_an_error_not_the_ser
             raise OSError(errno.ENOSPC, "No space left on device")
 
         patched.setattr(os, "posix_fallocate", full)
-        with pytest.raises(WorkerProcessError, match=r"no shared memory for this request's items"):
+        with pytest.raises(
+            WorkerProcessError, match=r"\): this request's items: no shared memory for [\d,]+ bytes"
+        ):
             processes.process(IMAGE, mm_data)
     assert_only_live_workers_blocks(processes)
     assert processes.process(IMAGE, mm_data).features
+
+
+def test_where_shared_memory_cannot_be_reserved_blocks_are_made_without(
+    processes: mmproc.Processor, threads: mmproc.Processor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mm_data = {"image": [noise_image(1000, 800, seed=22)]}  # more than any block holds yet
+
+    def unsupported(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "posix_fallocate", unsupported)
+        assert_same(processes.process(IMAGE, mm_data), threads.process(IMAGE, mm_data))
+    assert_only_live_workers_blocks(processes)
 
 
 def test_a_worker_that_dies_fails_only_its_request_and_one_dead_while_idle_fails_none(
@@ -283,6 +309,79 @@ def test_workers_closed_while_they_start_are_stopped_before_close_returns(
 def starting_workers(others: set[int]) -> list[int]:
     children = multiprocessing.active_children()
     return [p.pid for p in children if p.name.startswith("mmproc-worker") and p.pid not in others]
+
+
+def test_items_cross_in_shared_memory_as_they_were_given() -> None:
+    from mmproc.media.items import AudioItem, VideoItem, VideoMetadata
+    from PIL import Image
+
+    several_blocks = Image.new("RGB", (4000, 3000), (1, 2, 3))  # Pillow holds it in pieces
+    several_blocks.putpixel((3999, 2999), (9, 8, 7))
+    frames = np.random.default_rng(17).integers(0, 256, (3, 20, 30, 3), dtype=np.uint8)
+    metadata = VideoMetadata(
+        fps=10.0,
+        duration_s=0.3,
+        total_frames=3,
+        frame_indices=(0, 1, 2),
+        timestamps_s=(0.0, 0.1, 0.2),
+        width=30,
+        height=20,
+    )
+    items = {
+        "image": [
+            noise_image(31, 17, seed=18),
+            several_blocks,
+            noise_image(8, 9, seed=19, mode="L"),
+            noise_image(5, 6, seed=20, mode="RGBA"),
+            noise_image(7, 7, seed=21, mode="P"),  # pickled
+        ],
+        "video": [VideoItem(frames, metadata)],
+        "audio": [AudioItem(np.linspace(-1, 1, 1001, dtype=np.float32), 16000)],
+    }
+    inbox = KeptBlock(99, "in")
+    try:
+        at, described = write_items(items, inbox, call_block_names()[0])
+        assert at is not None and at[1]  # in the worker's kept block
+        back = read_items(AttachedBlocks(), at, described)
+    finally:
+        inbox.drop()
+    for given, got in zip(items["image"], back["image"]):
+        assert (got.mode, got.size) == (given.mode, given.size)
+        assert np.array_equal(np.asarray(got), np.asarray(given))
+    assert np.array_equal(back["video"][0].frames, frames) and back["video"][0].metadata == metadata
+    assert np.array_equal(back["audio"][0].waveform, items["audio"][0].waveform)
+    assert back["audio"][0].sample_rate == 16000
+
+
+def test_outputs_of_every_size_and_dtype_come_back_bit_for_bit() -> None:
+    outputs = {
+        "image": [
+            {
+                "pixel_values": torch.arange(12, dtype=torch.uint8).reshape(3, 4),
+                "empty": torch.zeros(0, 5, dtype=torch.float32),
+                "halves": torch.tensor([1.5, -2.25], dtype=torch.bfloat16),
+                "scalar": torch.tensor(7, dtype=torch.int64),
+                "grid": [1, 2, 3],
+            }
+        ]
+    }
+    _, name = call_block_names()
+    at, layout = write_outputs(outputs, name)
+    assert at is not None and not at[1]  # no kept block given: one of the call's own
+    block = SharedMemory(name=at[0])
+    try:
+        back = read_outputs(block, layout)
+    finally:
+        block.close()
+        release_block(name)
+    for key, value in outputs["image"][0].items():
+        got = back["image"][0][key]
+        if isinstance(value, torch.Tensor):
+            assert got.dtype == value.dtype and got.shape == value.shape, key
+            assert torch.equal(got, value), key
+        else:
+            assert got == value
+    assert call_blocks() == []
 
 
 def test_outputs_that_cannot_be_sent_back_are_answered_with_an_error_and_freed() -> None:

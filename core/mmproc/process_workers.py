@@ -9,7 +9,7 @@ prompt updates, tokenising, so the outputs are those of the thread pool, bit for
 
 A call's items go to the worker, and its per-item outputs come back, through shared memory
 (:mod:`mmproc.shared_blocks`): two blocks each worker keeps from call to call, the serving
-process's to make, grow and unlink.
+process's to make, grow and unlink, and blocks of a call's own for what does not fit them.
 
 Workers are spawned (a fresh interpreter: no state forked from the server), side by side, each
 loading its processor once; by default in the background at start-up, so that construction does
@@ -121,7 +121,7 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
         except BaseException as exc:
             release_block(call_outputs)  # write_outputs may have made it before the failure
             if isinstance(exc, WorkerProcessError):  # no shared memory: say whose request
-                exc = WorkerProcessError(f"{named}: {exc}")
+                exc = WorkerProcessError(f"{named}: this request's outputs: {exc}")
             answer = ("error", _portable(exc))
         if not _send_answer(conn, answer, call_outputs, named):
             return
@@ -190,6 +190,8 @@ class _Worker:
         )
         self.inbox = KeptBlock(index, "in")
         self.outbox = KeptBlock(index, "out")
+        if abandoned.is_set():
+            raise WorkerProcessError(f"worker process {self.process.name} was not started: closed")
         started = time.perf_counter()
         self.process.start()
         child.close()
@@ -293,8 +295,10 @@ class WorkerProcesses:
     def _starting(self, target: Callable[..., None], *args: Any) -> None:
         starter = threading.Thread(target=target, args=args, daemon=True)
         with self._lock:
+            if self._closing.is_set():  # close() has taken its list of starters
+                return
             self._starters = [t for t in self._starters if t.is_alive()] + [starter]
-        starter.start()
+            starter.start()
 
     def _start(self, count: int) -> None:
         starters = [threading.Thread(target=self._spawn, daemon=True) for _ in range(count)]
@@ -447,23 +451,30 @@ class WorkerProcesses:
             raise error
         raise ProcessingError(f"{self._model}: {type(error).__name__}: {error}")
 
-    @staticmethod
-    def _outputs(worker: _Worker, at: Where, layout: list[Any]) -> dict[str, list[dict[str, Any]]]:
-        """The outputs of a call, from the worker's block or the call's own; after the call's
-        own, the worker's block is made large enough for outputs of that size."""
+    def _outputs(
+        self, worker: _Worker, at: Where, layout: list[Any]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The outputs of a call, from the worker's block or the call's own (unlinked once read);
+        after the call's own, the worker's block is made large enough for outputs of that size."""
         if at is None:
             return read_outputs(None, layout)
         name, kept, size = at
         if kept:
-            assert worker.outbox.block is not None and worker.outbox.block.name == name
-            return read_outputs(worker.outbox.block, layout)
-        block = SharedMemory(name=name)
+            block = worker.outbox.block
+            if block is None or block.name != name:  # dropped: close() stopped the worker
+                raise ProcessingError(f"{self._model}: the worker processes were closed")
+            return read_outputs(block, layout)
+        try:
+            block = SharedMemory(name=name)
+        except OSError:
+            release_block(name)
+            raise
         try:
             outputs = read_outputs(block, layout)
         finally:
             unmap(block)
-            block.unlink()
-        with contextlib.suppress(OSError):  # no room to keep that much: the next such call spills
+            release_block(name)
+        with contextlib.suppress(WorkerProcessError):  # no room to keep that: the next spills
             worker.outbox.fitted(size)
         return outputs
 
@@ -488,10 +499,8 @@ class WorkerProcesses:
                 (mode, text, items_at, described, dict(kwargs), kept_out, outputs_name)
             )
             return bytes(message), items_at is not None and not items_at[1]
-        except OSError as exc:
-            raise WorkerProcessError(
-                f"{self._model}: no shared memory for this request's items: {exc}"
-            ) from exc
+        except WorkerProcessError as exc:
+            raise WorkerProcessError(f"{self._model}: this request's items: {exc}") from exc
         except Exception as exc:
             raise ProcessingError(
                 f"{self._model}: the items or hf_kwargs cannot be sent to a worker process "

@@ -10,15 +10,17 @@ call's own, and the next call finds a block their size); a call larger than ``KE
 goes in blocks of its own, so a rare large video does not hold that much shared memory for as
 long as the worker lives. A block's memory is reserved when it is made, so shared memory that
 runs out fails the request with a ``WorkerProcessError`` instead of killing a process with
-SIGBUS. The serving process unlinks every block: a worker's own when the worker stops, a call's
-own (``mmproc_<serving pid>_<call>_in`` / ``_out``) once the call ends, its worker answered or
-stopped.
+SIGBUS. The serving process unlinks a worker's own blocks when the worker stops, and a call's own
+(``mmproc_<serving pid>_<call>_in`` / ``_out``) once the call ends, its worker answered or
+stopped; a worker unlinks an outputs block it made for a call it then failed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
+import logging
 import os
 import pickle
 import secrets
@@ -46,6 +48,8 @@ __all__ = [
     "write_outputs",
 ]
 
+logger = logging.getLogger(__name__)
+
 _ALIGN = 64  # bytes: every array in a block starts on a cache line
 KEPT_BLOCK_MAX = 64 << 20  # bytes: the largest block a worker keeps from call to call
 _GROWTH = 1.25  # a worker's block made for a call has this much room for larger ones to come
@@ -66,16 +70,25 @@ def call_block_names() -> tuple[str, str]:
 
 def _allocated(name: str, size: int) -> SharedMemory:
     """A new block of ``size`` bytes with its memory reserved now: shared memory that runs out
-    (a container's small /dev/shm) is an OSError here, not a SIGBUS that kills whichever
-    process first writes a page nobody can give it.
+    (a container's small /dev/shm) fails here, not as a SIGBUS that kills whichever process
+    first writes a page nobody can give it. Where reserving is not supported (no
+    ``posix_fallocate``, a file system without it), the block is made without.
 
     Raises:
-        OSError: there is not that much shared memory.
+        WorkerProcessError: no block of that size could be made.
     """
-    block = SharedMemory(name=name, create=True, size=size)
+    try:
+        block = SharedMemory(name=name, create=True, size=size)
+    except OSError as exc:
+        raise WorkerProcessError(f"no shared memory block of {size:,} bytes: {exc}") from exc
     try:
         os.posix_fallocate(block._fd, 0, size)  # type: ignore[attr-defined]
-    except OSError:
+    except (AttributeError, OSError) as exc:
+        if isinstance(exc, AttributeError) or exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return block  # nothing to reserve with: the block works, unreserved
+        _drop(block)
+        raise WorkerProcessError(f"no shared memory for {size:,} bytes: {exc}") from exc
+    except BaseException:
         _drop(block)
         raise
     return block
@@ -90,13 +103,18 @@ def new_call_block(name: str, size: int) -> SharedMemory:
 
 
 def release_block(name: str | None) -> None:
-    """Unlink a shared block if it is still there."""
+    """Unlink a shared block if it is still there. A failure (no file descriptor left) is
+    logged, not raised: it runs where another error may be on its way to the caller."""
     if name is None:
         return
-    with contextlib.suppress(FileNotFoundError):
+    try:
         block = SharedMemory(name=name)
         block.close()
         block.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("shared memory block %s could not be unlinked: %s", name, exc)
 
 
 def unmap(block: SharedMemory) -> None:
@@ -111,8 +129,12 @@ def _drop(block: SharedMemory | None) -> None:
     if block is None:
         return
     unmap(block)
-    with contextlib.suppress(FileNotFoundError):
+    try:
         block.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # as in release_block: logged, so the error on its way stays the one
+        logger.warning("shared memory block %s could not be unlinked: %s", block.name, exc)
 
 
 class KeptBlock:
@@ -203,12 +225,14 @@ def write_items(
                 and value.mode in ARRAY_MODES
                 and not value.info.get("transparency")
             ):
-                # An RGB image goes as Pillow holds it, four bytes a pixel: one copy, where
-                # np.asarray would make another to drop the fourth byte.
-                pixels, alive = rgbx_pixels(value) if value.mode == "RGB" else (None, None)
-                if pixels is not None and pixels.shape[-1] == 4:
+                # An RGB image goes as Pillow holds it, four bytes a pixel, where Pillow
+                # exports that memory: one copy, where np.asarray would make another to drop
+                # the fourth byte. Otherwise (several memory blocks) the copy rgbx_pixels made.
+                if value.mode == "RGB":
+                    pixels, alive = rgbx_pixels(value)
                     keep_alive.append(alive)
-                    entries.append(("image", ("RGB", "RGBX"), *place(pixels)))
+                    raw_mode = "RGBX" if pixels.shape[-1] == 4 else "RGB"
+                    entries.append(("image", ("RGB", raw_mode), *place(pixels)))
                 else:
                     entries.append(("image", (value.mode, value.mode), *place(np.asarray(value))))
             elif isinstance(value, VideoItem):
@@ -312,12 +336,7 @@ def write_outputs(
         assert attached is not None and outbox is not None
         block = attached("out", outbox[0])
     else:
-        try:
-            block = new_call_block(call_name, offset)
-        except OSError as exc:
-            raise WorkerProcessError(
-                f"no shared memory for the outputs ({offset:,} bytes): {exc}"
-            ) from exc
+        block = new_call_block(call_name, offset)  # WorkerProcessError when there is no room
     position = 0
     try:
         for entries_of in layout:
@@ -354,6 +373,9 @@ def read_outputs(block: SharedMemory | None, layout: list[Any]) -> dict[str, lis
                 dtype = getattr(torch, dtype_name.removeprefix("torch."))
                 carrier = torch.int16 if dtype == torch.bfloat16 else dtype
                 count = int(np.prod(shape)) if shape else 1
+                if count == 0:  # torch.frombuffer takes no empty range
+                    item[key] = torch.empty(shape, dtype=dtype)
+                    continue
                 raw = torch.frombuffer(block.buf, dtype=carrier, count=count, offset=offset)
                 tensor = raw.clone().view(shape)
                 del raw
