@@ -49,10 +49,10 @@ from mmproc.shared_blocks import (
     KeptBlock,
     Where,
     call_block_names,
+    drop_block,
     read_items,
     read_outputs,
     release_block,
-    unmap,
     write_items,
     write_outputs,
 )
@@ -472,8 +472,7 @@ class WorkerProcesses:
         try:
             outputs = read_outputs(block, layout)
         finally:
-            unmap(block)
-            release_block(name)
+            drop_block(block)
         with contextlib.suppress(WorkerProcessError):  # no room to keep that: the next spills
             worker.outbox.fitted(size)
         return outputs

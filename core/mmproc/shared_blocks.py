@@ -39,11 +39,11 @@ __all__ = [
     "KeptBlock",
     "Where",
     "call_block_names",
+    "drop_block",
     "new_call_block",
     "read_items",
     "read_outputs",
     "release_block",
-    "unmap",
     "write_items",
     "write_outputs",
 ]
@@ -86,10 +86,10 @@ def _allocated(name: str, size: int) -> SharedMemory:
     except (AttributeError, OSError) as exc:
         if isinstance(exc, AttributeError) or exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
             return block  # nothing to reserve with: the block works, unreserved
-        _drop(block)
+        drop_block(block)
         raise WorkerProcessError(f"no shared memory for {size:,} bytes: {exc}") from exc
     except BaseException:
-        _drop(block)
+        drop_block(block)
         raise
     return block
 
@@ -117,18 +117,18 @@ def release_block(name: str | None) -> None:
         logger.warning("shared memory block %s could not be unlinked: %s", name, exc)
 
 
-def unmap(block: SharedMemory) -> None:
+def _unmap(block: SharedMemory) -> None:
     """Close this process's mapping of a block; where a view of it is still open (a copy cut
     short by an error), the mapping goes when the view does."""
     with contextlib.suppress(BufferError):
         block.close()
 
 
-def _drop(block: SharedMemory | None) -> None:
-    """Unmap and unlink a block this process made."""
+def drop_block(block: SharedMemory | None) -> None:
+    """Unmap and unlink a block this process has open."""
     if block is None:
         return
-    unmap(block)
+    _unmap(block)
     try:
         block.unlink()
     except FileNotFoundError:
@@ -155,12 +155,12 @@ class KeptBlock:
             size = min(KEPT_BLOCK_MAX, max(needed + 1, int(needed * _GROWTH)))
             name = f"{self._prefix}_{secrets.token_hex(4)}_{self._role}"
             fresh = _allocated(name, size)
-            _drop(self.block)
+            drop_block(self.block)
             self.block = fresh
         return self.block
 
     def drop(self) -> None:
-        _drop(self.block)
+        drop_block(self.block)
         self.block = None
 
 
@@ -175,7 +175,7 @@ class AttachedBlocks:
         block = self._blocks.get(role)
         if block is None or block.name != name:
             if block is not None:
-                unmap(block)
+                _unmap(block)
             # Opening registers it with the resource tracker the worker shares with the serving
             # process: the serving process's unlink unregisters it.
             block = self._blocks[role] = SharedMemory(name=name)
@@ -259,7 +259,7 @@ def write_items(
                 position += 1
     finally:
         if kept is None:
-            unmap(block)  # unlinked once the call ends
+            _unmap(block)  # unlinked once the call ends
     return (block.name, kept is not None, offset), described
 
 
@@ -293,7 +293,7 @@ def read_items(attached: AttachedBlocks, at: Where, described: list[Any]) -> dic
         return items
     finally:
         if at is not None and not at[1] and block is not None:
-            unmap(block)
+            _unmap(block)
 
 
 def write_outputs(
@@ -351,7 +351,7 @@ def write_outputs(
                     del view
     finally:
         if not kept:
-            unmap(block)  # the serving process unlinks it once it has copied the outputs out
+            _unmap(block)  # the serving process unlinks it once it has copied the outputs out
     return (block.name, kept, offset), layout
 
 

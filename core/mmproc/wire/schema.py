@@ -300,21 +300,8 @@ class WireFeature:
         if (
             type(self.modality) is str
             and self.modality
-            and type(self.item_index) is int
-            and self.item_index >= 0
             and type(self.hash) is str
-            and type(self.offset) is int
-            and self.offset >= 0
-            and type(length) is int
-            and length >= 0
-            and (
-                is_embed is None
-                or (
-                    type(is_embed) is torch.Tensor
-                    and is_embed.dtype is torch.bool
-                    and is_embed.shape == (length,)
-                )
-            )
+            and _exact_placement(self.item_index, self.offset, length, is_embed)
             and type(self.data) is dict
             and _tensor_map(self.data)
             and (norm is None or (type(norm) is dict and _norm_map(norm)))
@@ -632,12 +619,11 @@ class _Reference:
             ) from None
 
 
-def _placed(
-    item: WireItem, item_index: Any, offset: Any, length: Any, is_embed: Any
-) -> WireFeature:
-    """A kept item (tensors and norm spec, checked when it was decoded) at another place in
-    another request: only the placement's fields are checked, as the constructor does."""
-    if (
+def _exact_placement(item_index: Any, offset: Any, length: Any, is_embed: Any) -> bool:
+    """Whether a feature's placement has the exact types and ranges decoding makes: the fast
+    path of :class:`WireFeature`'s checks (anything else takes the full checks, which say what
+    is wrong)."""
+    return (
         type(item_index) is int
         and item_index >= 0
         and type(offset) is int
@@ -652,7 +638,15 @@ def _placed(
                 and is_embed.shape == (length,)
             )
         )
-    ):
+    )
+
+
+def _placed(
+    item: WireItem, item_index: Any, offset: Any, length: Any, is_embed: Any
+) -> WireFeature:
+    """A kept item (tensors and norm spec, checked when it was decoded) at another place in
+    another request: only the placement's fields are checked, as the constructor does."""
+    if _exact_placement(item_index, offset, length, is_embed):
         feature = object.__new__(WireFeature)
         for name, value in (
             ("modality", item.modality),
