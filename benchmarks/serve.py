@@ -1,18 +1,27 @@
 """Benchmark ``mmproc serve`` under load, against vLLM's render server on the same folder.
 
-Run: ``.venv/bin/python benchmarks/serve.py [--vllm PEER_VENV] [--requests N]``. Each server runs
-in its own process, one at a time (never both at once: they would share the cores), on the
-qwen_vl plugin's Qwen2-VL demo folder; the load comes from this process (httpx, asyncio), which
-reads each answer's bytes and its status and nothing more, alike for every server. The requests
-are chat requests holding one 1024x768 JPEG as a ``data:`` URL, as clients send them: a new
-picture in each request ("distinct"), or the same one in all ("repeated").
+Run: ``.venv/bin/python benchmarks/serve.py [--vllm PEER_VENV] [--requests N] [--rounds R]``.
+Each server runs in its own process on the qwen_vl plugin's Qwen2-VL demo folder; all are started
+first, then loaded one at a time (never two at once: they would share the cores), in rounds: in
+each round every row is measured on every server in turn, so that the servers share this
+machine's slow and fast spells alike (a virtual machine's speed drifts by tens of percent from
+minute to minute). The load comes from this process (asyncio), which reads each answer's bytes
+and its status and nothing more, alike for every server: by default on raw keep-alive
+connections in megabyte reads, since on one machine the client's CPU is taken from the servers'
+and httpx spends about as much reading a 6 MB answer as a server spends making it
+(``--client httpx`` measures with it). The requests are chat requests holding one 1024x768 JPEG
+as a ``data:`` URL, as clients send them: a new picture in each request ("distinct"), or the
+same one in all ("repeated"). ``--cache-gb`` sizes every cache alike (mmproc's, the engine's,
+vLLM's), for a server that has run long enough to fill them; by default each keeps its own.
 
 Prints one Markdown table: per server and mode, per number of concurrent clients (1, 8, 32),
-requests per second, p50 and p99 latency, and the answer's size. The modes:
+requests per second (the median over the rounds, and each round's), p50 and p99 latency (medians
+over the rounds), and the answer's size. The modes:
 
 * ``mmproc json``: ``mmproc serve``'s answer in vLLM's format (``kwargs_data``);
 * ``mmproc native``: ``mmproc serve --engine``: the request goes to an engine over mmproc's wire
-  (a ``RequestReceiver`` in this process acknowledges it) and the answer carries no tensors;
+  (a ``RequestReceiver`` in a process of its own takes and acknowledges it) and the answer
+  carries no tensors;
 * ``vllm``: ``vllm launch render`` (with ``--vllm PEER_VENV``: a virtual environment with vLLM
   0.33, as ``../shared/peer/build_vllm_peer.sh`` builds it).
 
@@ -21,9 +30,9 @@ through the server's app in this process (1 worker), the processor's stages
 (``Processor.recording_stages``) and the server's own (``/metrics``: encoding the items in vLLM's
 format, serialising the JSON), mean milliseconds per request.
 
-Then the targets of the render-tier issue, from this run: mmproc's JSON endpoint at least 2x
-vLLM's req/s at 1 and 8 clients with p99 at 8 no worse than vLLM's; the native path at least 3x
-vLLM's req/s at 8.
+Then the targets of the render-tier issue, from this run, each ratio the median of the rounds'
+ratios: mmproc's JSON endpoint at least 2x vLLM's req/s at 1 and 8 clients with p99 at 8 no worse
+than vLLM's; the native path at least 3x vLLM's req/s at 8.
 """
 
 from __future__ import annotations
@@ -38,7 +47,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -102,28 +110,99 @@ def wait_healthy(port: int, process: subprocess.Popen[bytes], timeout: float = 3
     raise RuntimeError("the server did not become healthy")
 
 
-async def load(port: int, bodies: list[bytes], clients: int, requests: int) -> dict[str, Any]:
-    """``requests`` requests from ``clients`` concurrent clients, bodies taken in turn."""
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection on asyncio streams that sends a POST and reads the
+    answer in megabyte reads, keeping only its status and length: a client that takes little of
+    the cores the servers need (httpx spends about as much CPU reading a 6 MB answer as the
+    server spends making it)."""
+
+    def __init__(self, port: int, path: str) -> None:
+        self.port = port
+        self.path = path
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def post(self, body: bytes) -> tuple[int, int]:
+        if self._streams is None:
+            self._streams = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
+        reader, writer = self._streams
+        head = (
+            f"POST {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        writer.write(head.encode())
+        writer.write(body)
+        await writer.drain()
+        header = await reader.readuntil(b"\r\n\r\n")
+        status = int(header.split(b" ", 2)[1])
+        fields = dict(
+            (name.strip().lower(), value.strip())
+            for name, _, value in (line.partition(b":") for line in header.split(b"\r\n")[1:])
+        )
+        if b"chunked" in fields.get(b"transfer-encoding", b"").lower():
+            size = await self._chunked(reader)
+        else:
+            size = int(fields[b"content-length"])
+            left = size
+            while left:
+                chunk = await reader.read(min(left, 1 << 20))
+                if not chunk:
+                    raise ConnectionError("the server closed the connection mid-answer")
+                left -= len(chunk)
+        if fields.get(b"connection", b"").lower() == b"close":
+            await self.close()
+        return status, size
+
+    @staticmethod
+    async def _chunked(reader: asyncio.StreamReader) -> int:
+        size = 0
+        while True:
+            length = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            await reader.readexactly(length + 2)
+            size += length
+            if length == 0:
+                return size
+
+    async def close(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
+
+
+async def load(
+    port: int, bodies: list[bytes], clients: int, requests: int, client: str = "raw"
+) -> dict[str, Any]:
+    """``requests`` requests from ``clients`` concurrent clients, bodies taken in turn, with the
+    raw client or httpx."""
     latencies: list[float] = []
     sizes: list[int] = []
     failures = 0
     next_index = 0
-    url = f"http://127.0.0.1:{port}/v1/chat/completions/render"
-    headers = {"Content-Type": "application/json"}
+    path = "/v1/chat/completions/render"
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
 
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=120, limits=limits) as pool:
+
+        async def post_httpx(body: bytes) -> tuple[int, int]:
+            url = f"http://127.0.0.1:{port}{path}"
+            headers = {"Content-Type": "application/json"}
+            response = await pool.post(url, content=body, headers=headers)
+            return response.status_code, len(response.content)
 
         async def one_client() -> None:
             nonlocal next_index, failures
-            while next_index < requests:
-                body = bodies[next_index % len(bodies)]
-                next_index += 1
-                start = time.perf_counter()
-                response = await client.post(url, content=body, headers=headers)
-                latencies.append(time.perf_counter() - start)
-                sizes.append(len(response.content))
-                failures += response.status_code != 200
+            raw = RawConnection(port, path)
+            post = raw.post if client == "raw" else post_httpx
+            try:
+                while next_index < requests:
+                    body = bodies[next_index % len(bodies)]
+                    next_index += 1
+                    start = time.perf_counter()
+                    status, size = await post(body)
+                    latencies.append(time.perf_counter() - start)
+                    sizes.append(size)
+                    failures += status != 200
+            finally:
+                await raw.close()
 
         start = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
@@ -138,74 +217,111 @@ async def load(port: int, bodies: list[bytes], clients: int, requests: int) -> d
     }
 
 
-def measure(port: int, jpegs: list[bytes], model: str, requests: int) -> dict[tuple[str, int], Any]:
-    repeated = [chat_body(jpegs[0], model)]
-    # Warm up: clones, the first decode, the JIT of the first requests.
-    asyncio.run(load(port, [chat_body(photo_jpeg(10_000 + i), model) for i in range(4)], 2, 8))
-    results = {}
-    for clients in CLIENTS:
-        count = max(requests, 4 * clients)
-        # New pictures each round: a picture seen in an earlier round would be a cache hit.
-        offset = clients * 1000
-        fresh = [chat_body(photo_jpeg(offset + i), model) for i in range(count)]
-        results[("distinct", clients)] = asyncio.run(load(port, fresh, clients, count))
-        results[("repeated", clients)] = asyncio.run(load(port, repeated, clients, count))
-    return results
+# The engine of the native path: a process of its own, as an engine is, so that receiving the
+# tensors takes none of the load generator's interpreter. It takes every request until killed.
+ENGINE = """
+import sys
+from mmproc.wire import RequestReceiver
+
+options = {"item_cache_bytes": int(sys.argv[2])} if len(sys.argv) > 2 else {}
+receiver = RequestReceiver(sys.argv[1], bind=True, **options)
+print("ready", flush=True)
+while True:
+    receiver.recv(timeout=1.0)
+"""
 
 
-def run_mmproc(folder: Path, jpegs: list[bytes], requests: int, native: bool) -> Any:
-    port = free_port()
+class Server:
+    """One server under test, started in its own process: mmproc serve (JSON or native, with
+    its engine in another process) or vLLM's render server."""
+
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        env: dict[str, str] | None = None,
+        engine_cache_bytes: int | None = None,
+    ) -> None:
+        self.name = name
+        self.port = free_port()
+        self.engine: subprocess.Popen[bytes] | None = None
+        command = [*command, "--port", str(self.port)]
+        if name == "mmproc native":
+            address = f"ipc://{tempfile.mkdtemp()}/engine.sock"
+            engine = [sys.executable, "-c", ENGINE, address]
+            if engine_cache_bytes is not None:
+                engine.append(str(engine_cache_bytes))
+            self.engine = subprocess.Popen(engine, stdout=subprocess.PIPE)
+            assert self.engine.stdout is not None and self.engine.stdout.readline() == b"ready\n"
+            command += ["--engine", address]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
+
+    def close(self) -> None:
+        for process in (self.process, self.engine):
+            if process is not None:
+                process.terminate()
+                process.wait(60)
+
+
+def mmproc_server(folder: Path, native: bool, cache_gb: float | None) -> Server:
     command = [sys.executable, "-m", "mmproc.cli", "serve", "--model", str(folder)]
-    command += ["--port", str(port), "--served-model-name", "bench", "--log-level", "warning"]
-    receiver = None
-    stop = threading.Event()
-    if native:
-        from mmproc.wire import RequestReceiver
-
-        address = f"ipc://{tempfile.mkdtemp()}/engine.sock"
-        receiver = RequestReceiver(address, bind=True)
-
-        def drain() -> None:
-            while not stop.is_set():
-                receiver.recv(timeout=0.1)
-
-        drainer = threading.Thread(target=drain, daemon=True)
-        drainer.start()
-        command += ["--engine", address]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_healthy(port, process)
-        return measure(port, jpegs, "bench", requests)
-    finally:
-        process.terminate()
-        process.wait(60)
-        stop.set()
-        if receiver is not None:
-            drainer.join(5)  # before its socket closes under it
-            receiver.close()
+    command += ["--served-model-name", "bench", "--log-level", "warning"]
+    cache_bytes = None if cache_gb is None else int(cache_gb * (1 << 30))
+    if cache_bytes is not None:
+        command += ["--option", f"cache_bytes={cache_bytes}"]
+        command += ["--encoded-item-cache-bytes", str(cache_bytes)]
+    name = "mmproc native" if native else "mmproc json"
+    return Server(name, command, engine_cache_bytes=cache_bytes)
 
 
-def run_vllm(venv: Path, folder: Path, jpegs: list[bytes], requests: int) -> Any:
-    port = free_port()
+def vllm_server(venv: Path, folder: Path, cache_gb: float | None) -> Server:
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
     command = [str(venv / "bin" / "vllm"), "launch", "render", str(folder)]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "bench"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-    )
-    try:
-        wait_healthy(port, process)
-        return measure(port, jpegs, "bench", requests)
-    finally:
-        process.terminate()
-        process.wait(60)
+    command += ["--host", "127.0.0.1", "--served-model-name", "bench"]
+    if cache_gb is not None:
+        command += ["--mm-processor-cache-gb", str(cache_gb)]
+    return Server("vllm", command, env)
+
+
+Results = dict[tuple[str, str, int], list[dict[str, Any]]]
+
+
+def measure(
+    servers: list[Server], jpegs: list[bytes], requests: int, rounds: int, client: str
+) -> Results:
+    """``rounds`` rounds; in each, every row (pictures x clients) is measured on every server in
+    turn, so that all servers share the machine's slow and fast spells alike. A round's distinct
+    pictures are new to every server (each keeps its own cache) and the same for all of them."""
+    for server in servers:
+        wait_healthy(server.port, server.process)
+    # Warm up: clones, the first decode, the JIT of the first requests.
+    warm = [chat_body(photo_jpeg(10_000 + i), "bench") for i in range(4)]
+    for server in servers:
+        asyncio.run(load(server.port, warm, 2, 8, client))
+    repeated = [chat_body(jpegs[0], "bench")]
+    results: Results = {}
+    for round_ in range(rounds):
+        for clients in CLIENTS:
+            count = max(requests, 4 * clients)
+            offset = 100_000 * (round_ + 1) + clients * 1000
+            fresh = [chat_body(photo_jpeg(offset + i), "bench") for i in range(count)]
+            for server in servers:
+                for mode, bodies in (("distinct", fresh), ("repeated", repeated)):
+                    row = asyncio.run(load(server.port, bodies, clients, count, client))
+                    results.setdefault((server.name, mode, clients), []).append(row)
+    return results
 
 
 def stage_table(folder: Path, count: int) -> None:
     """Mean milliseconds per stage of ``count`` distinct chat requests, one at a time."""
     import mmproc
+    from mmproc.serve.allocator import keep_freed_memory
     from mmproc.serve.app import ServeSettings, create_app
     from mmproc.stages import STAGES
+
+    keep_freed_memory()  # as mmproc serve does
 
     bodies = [chat_body(photo_jpeg(50_000 + i), "bench") for i in range(count + 2)]
     with mmproc.get_processor(folder, workers=1) as processor:
@@ -257,6 +373,20 @@ def main() -> None:
     parser.add_argument(
         "--requests", type=int, default=64, help="requests per row (at least 4 per client)"
     )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over all rows and servers")
+    parser.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="the load's HTTP client: raw asyncio streams (default: light) or httpx",
+    )
+    parser.add_argument(
+        "--cache-gb",
+        type=float,
+        help="every cache's size in GiB, alike for all (mmproc's processor cache and encoded "
+        "items, the engine's items, vLLM's --mm-processor-cache-gb); default: each server's own. "
+        "Small caches measure a long-running server, whose caches are full and recycle memory",
+    )
     parser.add_argument("--skip-native", action="store_true")
     parser.add_argument(
         "--stages", action="store_true", help="first, where one request's time goes"
@@ -272,35 +402,66 @@ def main() -> None:
             stage_table(folder, 16)
         if args.only_stages:
             return
-        runs: dict[str, Any] = {"mmproc json": run_mmproc(folder, jpegs, args.requests, False)}
+        servers = [mmproc_server(folder, False, args.cache_gb)]
         if not args.skip_native:
-            runs["mmproc native"] = run_mmproc(folder, jpegs, args.requests, True)
+            servers.append(mmproc_server(folder, True, args.cache_gb))
         if args.vllm is not None:
-            runs["vllm"] = run_vllm(args.vllm, folder, jpegs, args.requests)
-    print(f"one 1024x768 JPEG ({len(jpegs[0]):,} bytes) per chat request", end="; ")
-    print(f"{args.requests}+ requests a row\n")
-    print("| server | pictures | clients | req/s | p50 ms | p99 ms | answer bytes | failed |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for name, results in runs.items():
-        for (mode, clients), r in results.items():
-            print(
-                f"| {name} | {mode} | {clients} | {r['rps']:.1f} | {r['p50']:.1f} | {r['p99']:.1f} "
-                f"| {r['bytes']:,.0f} | {r['failures']} |"
-            )
-    if "vllm" in runs:
-        print("\ntargets (distinct pictures):")
-        json_, vllm = runs["mmproc json"], runs["vllm"]
-        for clients in (1, 8):
-            ratio = json_[("distinct", clients)]["rps"] / vllm[("distinct", clients)]["rps"]
-            verdict = "met" if ratio >= 2 else "missed"
-            print(f"- JSON at {clients} clients: {ratio:.2f}x vLLM's req/s (>= 2x): {verdict}")
-        p99 = (json_[("distinct", 8)]["p99"], vllm[("distinct", 8)]["p99"])
-        verdict = "met" if p99[0] <= p99[1] else "missed"
-        print(f"- JSON p99 at 8 clients: {p99[0]:.1f} ms, vLLM {p99[1]:.1f} ms: {verdict}")
-        if "mmproc native" in runs:
-            ratio = runs["mmproc native"][("distinct", 8)]["rps"] / vllm[("distinct", 8)]["rps"]
-            verdict = "met" if ratio >= 3 else "missed"
-            print(f"- native at 8 clients: {ratio:.2f}x vLLM's req/s (>= 3x): {verdict}")
+            servers.append(vllm_server(args.vllm, folder, args.cache_gb))
+        try:
+            results = measure(servers, jpegs, args.requests, args.rounds, args.client)
+        finally:
+            for server in servers:
+                server.close()
+    report(results, args)
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(row[key] for row in rows)
+
+
+def _ratio(results: Results, name: str, clients: int) -> float:
+    """The median over rounds of ``name``'s req/s over vLLM's in the same round (distinct)."""
+    ours, theirs = results[(name, "distinct", clients)], results[("vllm", "distinct", clients)]
+    return statistics.median(a["rps"] / b["rps"] for a, b in zip(ours, theirs, strict=True))
+
+
+def report(results: Results, args: argparse.Namespace) -> None:
+    print(f"one 1024x768 JPEG per chat request; {args.requests}+ requests a row, ", end="")
+    print(
+        f"{args.rounds} rounds, the servers in turn within each; medians over the rounds; ", end=""
+    )
+    caches = "servers' default caches" if args.cache_gb is None else f"caches {args.cache_gb} GiB"
+    print(f"{args.client} client; {caches}\n")
+    print(
+        "| server | pictures | clients | req/s | req/s by round | p50 ms | p99 ms "
+        "| answer bytes | failed |"
+    )
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|")
+    for (name, mode, clients), rows in results.items():
+        by_round = " ".join(f"{row['rps']:.1f}" for row in rows)
+        failed = sum(row["failures"] for row in rows)
+        print(
+            f"| {name} | {mode} | {clients} | {_median(rows, 'rps'):.1f} | {by_round} "
+            f"| {_median(rows, 'p50'):.1f} | {_median(rows, 'p99'):.1f} "
+            f"| {_median(rows, 'bytes'):,.0f} | {failed} |"
+        )
+    if args.vllm is None:
+        return
+    print("\ntargets (distinct pictures; ratios: the median of the rounds' ratios):")
+    for clients in (1, 8):
+        ratio = _ratio(results, "mmproc json", clients)
+        verdict = "met" if ratio >= 2 else "missed"
+        print(f"- JSON at {clients} clients: {ratio:.2f}x vLLM's req/s (>= 2x): {verdict}")
+    p99 = (
+        _median(results[("mmproc json", "distinct", 8)], "p99"),
+        _median(results[("vllm", "distinct", 8)], "p99"),
+    )
+    verdict = "met" if p99[0] <= p99[1] else "missed"
+    print(f"- JSON p99 at 8 clients: {p99[0]:.1f} ms, vLLM {p99[1]:.1f} ms: {verdict}")
+    if ("mmproc native", "distinct", 8) in results:
+        ratio = _ratio(results, "mmproc native", 8)
+        verdict = "met" if ratio >= 3 else "missed"
+        print(f"- native at 8 clients: {ratio:.2f}x vLLM's req/s (>= 3x): {verdict}")
 
 
 if __name__ == "__main__":

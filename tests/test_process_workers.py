@@ -224,6 +224,20 @@ def test_where_shared_memory_cannot_be_reserved_blocks_are_made_without(
     assert_only_live_workers_blocks(processes)
 
 
+def test_an_idle_worker_reaped_by_someone_else_is_still_seen_dead(
+    processes: mmproc.Processor,
+) -> None:
+    pids = wait_for_workers(processes, 2)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+        # Reaped here, as a SIGCHLD handler or waitpid(-1) elsewhere in the host process would:
+        # multiprocessing's own waitpid then fails, and its is_alive() says True.
+        os.waitpid(pid, 0)
+    for seed in (10, 11):
+        assert processes.process(IMAGE, {"image": [noise_image(90, 60, seed=seed)]}).features
+    assert not set(wait_for_workers(processes, 2)) & set(pids)
+
+
 def test_a_worker_that_dies_fails_only_its_request_and_one_dead_while_idle_fails_none(
     processes: mmproc.Processor,
 ) -> None:

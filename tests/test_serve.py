@@ -186,6 +186,34 @@ def test_an_item_encoded_in_pieces_is_the_base64_of_the_whole(seed: int) -> None
 # --- the render endpoints -----------------------------------------------------------------------
 
 
+def test_an_item_is_kept_encoded_from_its_second_request_on(server: Served) -> None:
+    encoded = server.app.state.server.encoded
+    chat = image_chat(seed=4242)
+    held = len(encoded)
+    first = server.chat(chat)
+    assert first.status_code == 200
+    assert len(encoded) == held  # a first sighting is encoded, not kept
+    second = server.chat(chat)
+    assert len(encoded) == held + 1
+    third = server.chat(chat)  # answered from the kept encoding
+    assert first.json()["features"] == second.json()["features"] == third.json()["features"]
+
+
+def test_the_keys_of_items_seen_once_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmproc.serve.app import _EncodedItems
+
+    monkeypatch.setattr(_EncodedItems, "_NOTED_KEYS", 2)
+    items = _EncodedItems(max_bytes=1 << 20)
+    value = ([b"QUJD"], None)
+    for name in ("a", "b", "c"):  # "a", the oldest noted, is forgotten
+        items.put(("image", name), value)
+    items.put(("image", "a"), value)
+    items.put(("image", "c"), value)
+    assert items.get(("image", "a")) is None  # noted again, as if new
+    assert items.get(("image", "c")) == value
+    assert len(items) == 1
+
+
 def test_a_chat_render_answers_what_process_chat_gives_in_vllms_format(
     server: Served, qwen_folder: Path
 ) -> None:
@@ -758,6 +786,20 @@ def command(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     yield port
     server.kill()
     server.wait(30)
+
+
+def test_the_command_takes_the_encoded_item_cache_size_with_a_unit() -> None:
+    import argparse
+
+    from mmproc.serve.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).encoded_item_cache_bytes is None  # the settings' default
+    parsed = parser.parse_args(["--encoded-item-cache-bytes", "512MiB"])
+    assert parsed.encoded_item_cache_bytes == 512 << 20
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--encoded-item-cache-bytes", "lots"])
 
 
 def test_the_command_takes_at_most_64_items_of_a_modality_per_request(command: int) -> None:

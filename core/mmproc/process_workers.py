@@ -245,6 +245,16 @@ class _Lease:
     busy: bool = False
 
 
+def _pipe_closed(worker: _Worker) -> bool:
+    """Whether an idle worker's pipe says it is gone. An idle worker writes nothing, so anything
+    to read is the end of its pipe: its death seen even where ``is_alive`` cannot see it (a
+    process reaped by another ``waitpid`` reads as alive to multiprocessing)."""
+    try:
+        return bool(worker.conn.poll(0))
+    except (OSError, ValueError):
+        return True
+
+
 class WorkerProcesses:
     """``count`` worker processes lent one per call: as many as the worker pool has threads, so
     a call never waits for one.
@@ -386,7 +396,7 @@ class WorkerProcesses:
                 raise WorkerProcessError(
                     f"{self._model}: no worker process: {found}; another is being started"
                 ) from found
-            if found.process.is_alive():
+            if found.process.is_alive() and not _pipe_closed(found):
                 return found
             logger.warning(
                 "%s: worker process %s died while idle (exit code %s); it is replaced",

@@ -39,13 +39,13 @@ over up to a thousand levels).
 
 from __future__ import annotations
 
-import base64
 import binascii
 import urllib.parse
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mmproc.base64_text import decode_base64
 from mmproc.errors import ChatRequestError
 
 __all__ = [
@@ -333,7 +333,7 @@ def _url_item(url: str) -> str:
 
 def _base64(data: str, refuse: Any) -> bytes:
     try:
-        return base64.b64decode(data, validate=True)
+        return decode_base64(data)
     except (binascii.Error, ValueError) as exc:
         raise refuse(f"its base64 data is not valid base64: {exc}") from None
 

@@ -34,7 +34,6 @@ is cut to :data:`QUOTE_CHARS` characters (with an ellipsis), and a path longer t
 
 from __future__ import annotations
 
-import base64
 import binascii
 import errno
 import os
@@ -43,6 +42,7 @@ import stat
 import time
 from pathlib import Path
 
+from mmproc.base64_text import decode_base64
 from mmproc.media.policy import MediaLimits, MediaOptions
 from mmproc.media.problem import MediaProblem
 
@@ -167,7 +167,7 @@ def decode_data_url(url: str, accepted_types: tuple[str, ...], limits: MediaLimi
     # Refuse before decoding: base64 holds 3 bytes per 4 characters.
     check_item_size(len(payload) // 4 * 3, limits, what="the data: URL")
     try:
-        return base64.b64decode(payload, validate=True)
+        return decode_base64(payload)
     except (binascii.Error, ValueError) as exc:
         raise MediaProblem(f"invalid base64 in data: URL: {shortened(str(exc))}") from exc
 

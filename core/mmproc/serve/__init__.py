@@ -7,11 +7,12 @@ One model's :class:`~mmproc.Processor` behind vLLM 0.33's render endpoints, on u
 ``vllm_items``   media items in vLLM's ``kwargs_data`` format (base64 msgpack per item)
 ``engine_link``  the native path: rendered requests sent to the engine over mmproc's wire
 ``metrics``      the Prometheus metrics of ``GET /metrics``
+``allocator``    the serving process's malloc settings: freed buffers kept for the next request
 
 ``command``      the ``mmproc serve`` command line
 
 Needs the ``serve`` extra (``pip install 'mmproc[serve]'``: starlette, uvicorn, prometheus_client,
-orjson, pybase64); ``import mmproc`` does not import this package, and importing it imports
+orjson); ``import mmproc`` does not import this package, and importing it imports
 the server's libraries only when :func:`create_app` or :class:`ServeSettings` is first used.
 """
 

@@ -17,10 +17,10 @@ What each request goes through, and what it may cost:
   not an object of the right fields; a large body is parsed off the event loop) and rendered
   within what is left of ``request_timeout_s`` (504 past it): the chat template, the media
   (decoded on the processor's IO pool, preprocessed on its workers, cached), and the answer —
-  items in vLLM's ``kwargs_data`` (encoded once per item and kept in a byte-bounded LRU, so a
-  repeated image is answered without encoding it again), or, with an engine, the request sent
-  over mmproc's wire under an id of the server's own and answered once the engine acknowledged
-  it (502 when it refused it or never acknowledged it).
+  items in vLLM's ``kwargs_data`` (an item's encoding kept in a byte-bounded LRU from its second
+  time on, so an image repeated again is answered without encoding it), or, with an engine, the
+  request sent over mmproc's wire under an id of the server's own and answered once the engine
+  acknowledged it (502 when it refused it or never acknowledged it).
 
 Every refusal is OpenAI's error JSON. A fault of the request is a 400 naming the field, the
 message and the part (``param``: ``messages[1].content[0]``, ``tools[2]``); a fault on the
@@ -119,7 +119,8 @@ class ServeSettings:
         how long the engine has to acknowledge a request before it is sent again, and how many
         sends before the HTTP request fails (502); default: the wire's.
     ``encoded_item_cache_bytes``
-        bytes of encoded items kept for repeated media (default 1 GiB; 0: none).
+        bytes of encoded items kept for repeated media, each from its second time on (default
+        1 GiB; 0: none; ``mmproc serve --encoded-item-cache-bytes``).
     """
 
     served_model_names: tuple[str, ...]
@@ -167,13 +168,26 @@ _Render = Callable[[bytes, Request], Awaitable[Response]]  # a route's body -> i
 
 
 class _EncodedItems:
-    """Items already encoded in vLLM's format, by hash: a byte-bounded LRU."""
+    """Items already encoded in vLLM's format, by hash: a byte-bounded LRU that keeps an item's
+    encoding from its second time on.
+
+    Most items of a render tier come once (a new photo in each request). Keeping the encoding of
+    each would take new memory for every such request, pages the kernel must fault in and zero,
+    which costs more than encoding a repeat again; so the first encoding of a key is only noted
+    (among the last ``_NOTED_KEYS`` keys) and the second one is kept.
+    """
+
+    _NOTED_KEYS = 1 << 16
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
         self._items: OrderedDict[tuple[str, str], tuple[_Pieces, _Pieces | None]] = OrderedDict()
+        self._noted: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, key: tuple[str, str]) -> tuple[_Pieces, _Pieces | None] | None:
         with self._lock:
@@ -189,6 +203,12 @@ class _EncodedItems:
         with self._lock:
             if key in self._items:
                 return
+            if key not in self._noted:  # its first time: noted, not kept
+                self._noted[key] = None
+                if len(self._noted) > self._NOTED_KEYS:
+                    self._noted.popitem(last=False)
+                return
+            del self._noted[key]
             self._items[key] = value
             self._bytes += size
             while self._bytes > self._max:

@@ -12,6 +12,7 @@ and the server's own (body size, concurrency, queue, time) have flags of their o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -30,6 +31,16 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _byte_size(text: str) -> int:
+    from mmproc.cache import parse_byte_size
+    from mmproc.errors import ConfigurationError
+
+    try:
+        return parse_byte_size(text, name="--encoded-item-cache-bytes")
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue", type=_positive_int, default=256, help="requests waiting")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     parser.add_argument(
+        "--encoded-item-cache-bytes",
+        type=_byte_size,
+        metavar="SIZE",
+        help="items kept encoded in vLLM's format for repeats (4294967296, 512MiB, 0: none; "
+        "default 1GiB)",
+    )
+    parser.add_argument(
         "--trust-request-chat-template",
         action="store_true",
         help="accept a chat_template in requests (code the server runs)",
@@ -141,6 +159,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(describe_demo_models())
         return 0
     from mmproc.serve import ServeSettings, create_app, run
+    from mmproc.serve.allocator import keep_freed_memory
 
     workdir = Path(tempfile.mkdtemp(prefix="mmproc-serve-"))
     try:
@@ -170,6 +189,7 @@ def run_serve(args: argparse.Namespace) -> int:
         }
         if limits:
             options.setdefault("media_limits", MediaLimits(**limits))
+        keep_freed_memory()  # before the processor's first buffers
         processor = get_processor(folder, warm_up=True, **options)
         names = tuple(args.served_model_name) or (args.model or str(folder),)
         settings = ServeSettings(
@@ -183,6 +203,10 @@ def run_serve(args: argparse.Namespace) -> int:
             trust_request_ids=args.trust_request_ids,
             engine=args.engine,
         )
+        if args.encoded_item_cache_bytes is not None:
+            settings = dataclasses.replace(
+                settings, encoded_item_cache_bytes=args.encoded_item_cache_bytes
+            )
         print(
             f"mmproc serve: {described}, as {names[0]!r}, on http://{args.host}:{args.port}",
             flush=True,
