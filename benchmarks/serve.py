@@ -252,7 +252,8 @@ class Server:
             if engine_cache_bytes is not None:
                 engine.append(str(engine_cache_bytes))
             self.engine = subprocess.Popen(engine, stdout=subprocess.PIPE)
-            assert self.engine.stdout is not None and self.engine.stdout.readline() == b"ready\n"
+            if self.engine.stdout is None or self.engine.stdout.readline() != b"ready\n":
+                raise RuntimeError("the engine did not start")
             command += ["--engine", address]
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
