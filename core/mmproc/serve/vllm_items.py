@@ -27,6 +27,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import pybase64
 import torch
 
 from mmproc.fields import FieldSpec, FlatField, SharedField
@@ -96,8 +97,6 @@ def _base64_pieces(parts: list[Any]) -> list[bytes]:
     """The base64 of ``parts`` joined, as pieces: small parts gathered, big ones encoded from
     their own memory. Every piece but the last encodes a multiple of 3 bytes, so no piece has
     padding inside the whole."""
-    import pybase64
-
     pieces: list[bytes] = []
     pending = bytearray()
     for part in parts:
