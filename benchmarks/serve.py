@@ -7,12 +7,13 @@ each round every row is measured on every server in turn, so that the servers sh
 machine's slow and fast spells alike (a virtual machine's speed drifts by tens of percent from
 minute to minute). The load comes from this process (asyncio), which reads each answer's bytes
 and its status and nothing more, alike for every server: by default on raw keep-alive
-connections in megabyte reads, since on one machine the client's CPU is taken from the servers'
-and httpx spends about as much reading a 6 MB answer as a server spends making it
-(``--client httpx`` measures with it). The requests are chat requests holding one 1024x768 JPEG
-as a ``data:`` URL, as clients send them: a new picture in each request ("distinct"), or the
-same one in all ("repeated"). ``--cache-gb`` sizes every cache alike (mmproc's, the engine's,
-vLLM's), for a server that has run long enough to fill them; by default each keeps its own.
+connections, each answer read into one reused buffer, since on one machine the client's CPU is
+taken from the servers' and httpx spends about as much reading a 6 MB answer as a server spends
+making it (``--client httpx`` measures with it). The requests are chat requests holding one
+1024x768 JPEG as a ``data:`` URL, as clients send them: a new picture in each request
+("distinct"), or the same one in all ("repeated"). ``--cache-gb`` sizes every cache alike
+(mmproc's, the engine's, vLLM's), for a server that has run long enough to fill them; by
+default each keeps its own.
 
 Prints one Markdown table: per server and mode, per number of concurrent clients (1, 8, 32),
 requests per second (the median over the rounds, and each round's), p50 and p99 latency (medians
@@ -110,62 +111,124 @@ def wait_healthy(port: int, process: subprocess.Popen[bytes], timeout: float = 3
     raise RuntimeError("the server did not become healthy")
 
 
+class _AnswerReader(asyncio.BufferedProtocol):
+    """Reads HTTP/1.1 answers into one reused buffer (the kernel copies each byte once, into
+    memory already faulted in), keeping only each answer's status and length."""
+
+    _HEAD_LIMIT = 64 << 10
+
+    def __init__(self) -> None:
+        self._buffer = bytearray(1 << 20)
+        self._view = memoryview(self._buffer)
+        self._head = bytearray()
+        self._left = 0  # body bytes still to come
+        self._chunked: bytearray | None = None  # a chunked body, kept to be parsed
+        self._status = 0
+        self._answer: asyncio.Future[tuple[int, int]] | None = None
+        self._size = 0
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def expect(self) -> asyncio.Future[tuple[int, int]]:
+        self._answer = asyncio.get_running_loop().create_future()
+        self._head.clear()
+        self._left = -1  # the head first
+        return self._answer
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = self._view[:nbytes]
+        if self._left < 0:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._head) > self._HEAD_LIMIT:
+                    self._fail(ConnectionError("an answer's head is too long"))
+                return
+            head, rest = bytes(self._head[:end]), bytes(self._head[end + 4 :])
+            self._status = int(head.split(b" ", 2)[1])
+            fields = dict(
+                (name.strip().lower(), value.strip())
+                for name, _, value in (line.partition(b":") for line in head.split(b"\r\n")[1:])
+            )
+            if b"chunked" in fields.get(b"transfer-encoding", b"").lower():
+                self._chunked = bytearray()
+                self._left = 0
+                self._size = 0
+            else:
+                self._chunked = None
+                self._left = self._size = int(fields[b"content-length"])
+            data = memoryview(rest)
+        if self._chunked is not None:
+            self._chunked += data
+            self._read_chunks()
+            return
+        self._left -= len(data)
+        if self._left <= 0 and self._answer is not None and not self._answer.done():
+            self._answer.set_result((self._status, self._size))
+
+    def _read_chunks(self) -> None:
+        body = self._chunked
+        assert body is not None
+        while True:
+            line_end = body.find(b"\r\n")
+            if line_end < 0:
+                return
+            length = int(bytes(body[:line_end]).split(b";")[0], 16)
+            if len(body) < line_end + 2 + length + 2:
+                return
+            del body[: line_end + 2 + length + 2]
+            self._size += length
+            if length == 0:
+                self._chunked = None
+                if self._answer is not None and not self._answer.done():
+                    self._answer.set_result((self._status, self._size))
+                return
+
+    def _fail(self, exc: Exception) -> None:
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_exception(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(exc or ConnectionError("the server closed the connection mid-answer"))
+
+
 class RawConnection:
-    """One keep-alive HTTP/1.1 connection on asyncio streams that sends a POST and reads the
-    answer in megabyte reads, keeping only its status and length: a client that takes little of
-    the cores the servers need (httpx spends about as much CPU reading a 6 MB answer as the
-    server spends making it)."""
+    """One keep-alive HTTP/1.1 connection that sends a POST and reads the answer into a reused
+    buffer, keeping only its status and length: a client that takes little of the cores the
+    servers need (httpx spends about as much CPU reading a 6 MB answer as the server spends
+    making it; asyncio's streams copy each byte twice more, into new memory)."""
 
     def __init__(self, port: int, path: str) -> None:
         self.port = port
         self.path = path
-        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._reader: _AnswerReader | None = None
 
     async def post(self, body: bytes) -> tuple[int, int]:
-        if self._streams is None:
-            self._streams = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
-        reader, writer = self._streams
+        if self._reader is None or self._reader.closed:
+            loop = asyncio.get_running_loop()
+            _, self._reader = await loop.create_connection(_AnswerReader, "127.0.0.1", self.port)
+        reader = self._reader
+        assert reader.transport is not None
         head = (
             f"POST {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         )
-        writer.write(head.encode())
-        writer.write(body)
-        await writer.drain()
-        header = await reader.readuntil(b"\r\n\r\n")
-        status = int(header.split(b" ", 2)[1])
-        fields = dict(
-            (name.strip().lower(), value.strip())
-            for name, _, value in (line.partition(b":") for line in header.split(b"\r\n")[1:])
-        )
-        if b"chunked" in fields.get(b"transfer-encoding", b"").lower():
-            size = await self._chunked(reader)
-        else:
-            size = int(fields[b"content-length"])
-            left = size
-            while left:
-                chunk = await reader.read(min(left, 1 << 20))
-                if not chunk:
-                    raise ConnectionError("the server closed the connection mid-answer")
-                left -= len(chunk)
-        if fields.get(b"connection", b"").lower() == b"close":
-            await self.close()
-        return status, size
-
-    @staticmethod
-    async def _chunked(reader: asyncio.StreamReader) -> int:
-        size = 0
-        while True:
-            length = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            await reader.readexactly(length + 2)
-            size += length
-            if length == 0:
-                return size
+        answer = reader.expect()
+        reader.transport.writelines((head.encode(), body))
+        return await answer
 
     async def close(self) -> None:
-        if self._streams is not None:
-            self._streams[1].close()
-            self._streams = None
+        if self._reader is not None and self._reader.transport is not None:
+            self._reader.transport.close()
+        self._reader = None
 
 
 async def load(
@@ -318,11 +381,12 @@ def measure(
 def stage_table(folder: Path, count: int) -> None:
     """Mean milliseconds per stage of ``count`` distinct chat requests, one at a time."""
     import mmproc
-    from mmproc.serve.allocator import keep_freed_memory
+    from mmproc.serve.allocator import keep_freed_memory, reserve_heap
     from mmproc.serve.app import ServeSettings, create_app
     from mmproc.stages import STAGES
 
     keep_freed_memory()  # as mmproc serve does
+    reserve_heap()
 
     bodies = [chat_body(photo_jpeg(50_000 + i), "bench") for i in range(count + 2)]
     with mmproc.get_processor(folder, workers=1) as processor:

@@ -32,7 +32,7 @@ from _tiny_models import TinyQwenImageModel
 from mmproc import hookimpl
 from mmproc.errors import WorkerProcessError
 from mmproc.fields import FlatField
-from mmproc.serve import ServeSettings, create_app
+from mmproc.serve import ServeSettings, allocator, create_app
 from mmproc.testing import noise_image
 from mmproc.wire import RequestReceiver
 
@@ -197,6 +197,22 @@ def test_an_item_is_kept_encoded_from_its_second_request_on(server: Served) -> N
     assert len(encoded) == held + 1
     third = server.chat(chat)  # answered from the kept encoding
     assert first.json()["features"] == second.json()["features"] == third.json()["features"]
+
+
+def test_each_admitted_request_asks_the_heap_reserve_for_room(
+    server: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class CountingReserve:
+        calls = 0
+
+        def make_room(self) -> None:
+            self.calls += 1
+
+    reserve = CountingReserve()
+    monkeypatch.setattr(allocator, "_active", reserve)
+    assert server.chat(image_chat(seed=4343)).status_code == 200
+    assert server.client.get("/health").status_code == 200  # admits nothing
+    assert reserve.calls == 1
 
 
 def test_the_keys_of_items_seen_once_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

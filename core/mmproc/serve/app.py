@@ -64,6 +64,7 @@ from mmproc.errors import (
 from mmproc.fields import FieldSpec
 from mmproc.processed import ProcessedInputs
 from mmproc.processor import Processor
+from mmproc.serve.allocator import make_room
 from mmproc.serve.engine_link import EngineLink, EngineRefused
 from mmproc.serve.metrics import ServerMetrics
 from mmproc.serve.protocol import (
@@ -374,6 +375,7 @@ class _Server:
             )
         budget = self.settings.request_timeout_s
         with self.admitted():
+            make_room()  # the heap's reserve, for what this request will keep
             began = time.perf_counter()
             try:
                 raw = await asyncio.wait_for(self._read_body(request), budget)

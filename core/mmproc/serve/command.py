@@ -159,7 +159,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(describe_demo_models())
         return 0
     from mmproc.serve import ServeSettings, create_app, run
-    from mmproc.serve.allocator import keep_freed_memory
+    from mmproc.serve.allocator import keep_freed_memory, reserve_heap
 
     workdir = Path(tempfile.mkdtemp(prefix="mmproc-serve-"))
     try:
@@ -189,7 +189,8 @@ def run_serve(args: argparse.Namespace) -> int:
         }
         if limits:
             options.setdefault("media_limits", MediaLimits(**limits))
-        keep_freed_memory()  # before the processor's first buffers
+        keep_freed_memory()  # before the processor's first buffers and threads
+        reserve_heap()
         processor = get_processor(folder, warm_up=True, **options)
         names = tuple(args.served_model_name) or (args.model or str(folder),)
         settings = ServeSettings(
