@@ -7,7 +7,7 @@ One model's :class:`~mmproc.Processor` behind vLLM 0.33's render endpoints, on u
 ``vllm_items``   media items in vLLM's ``kwargs_data`` format (base64 msgpack per item)
 ``engine_link``  the native path: rendered requests sent to the engine over mmproc's wire
 ``metrics``      the Prometheus metrics of ``GET /metrics``
-``allocator``    the serving process's malloc settings: freed buffers kept for the next request
+``allocator``    the serving process's malloc: freed buffers kept, the heap's top faulted in ahead
 
 ``command``      the ``mmproc serve`` command line
 

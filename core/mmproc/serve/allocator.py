@@ -24,6 +24,7 @@ left as they set it. Elsewhere than glibc they do nothing.
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import platform
@@ -179,8 +180,10 @@ class HeapReserve:
             while start < top:
                 length = min(_POPULATE_STEP, top - start)
                 if self._madvise(start, length, _MADV_POPULATE_WRITE) != 0:
-                    errno = ctypes.get_errno()
-                    logger.info("the heap reserve stops: madvise failed (%s)", os.strerror(errno))
+                    error = ctypes.get_errno()
+                    if error in (errno.EINTR, errno.EAGAIN):  # a signal; try that step again
+                        continue
+                    logger.info("the heap reserve stops: madvise failed (%s)", os.strerror(error))
                     return False
                 start += length
             self._populated = top
