@@ -818,6 +818,20 @@ def test_the_command_takes_the_encoded_item_cache_size_with_a_unit() -> None:
         parser.parse_args(["--encoded-item-cache-bytes", "lots"])
 
 
+def test_the_command_takes_a_heap_reserve_below_mallocs_mmap_threshold() -> None:
+    import argparse
+
+    from mmproc.serve.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).heap_reserve_bytes is None  # the allocator's default
+    assert parser.parse_args(["--heap-reserve-bytes", "8MiB"]).heap_reserve_bytes == 8 << 20
+    assert parser.parse_args(["--heap-reserve-bytes", "0"]).heap_reserve_bytes == 0  # off
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--heap-reserve-bytes", "32MiB"])  # malloc would map it on its own
+
+
 def test_the_command_takes_at_most_64_items_of_a_modality_per_request(command: int) -> None:
     tiny = io.BytesIO()
     noise_image(8, 8).save(tiny, "PNG")

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,31 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _byte_size(text: str) -> int:
-    from mmproc.cache import parse_byte_size
-    from mmproc.errors import ConfigurationError
+def _byte_size(flag: str) -> Callable[[str], int]:
+    """The parser of a size option (``4294967296``, ``512MiB``), its errors naming ``flag``."""
 
-    try:
-        return parse_byte_size(text, name="--encoded-item-cache-bytes")
-    except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    def parse(text: str) -> int:
+        from mmproc.cache import parse_byte_size
+        from mmproc.errors import ConfigurationError
+
+        try:
+            return parse_byte_size(text, name=flag)
+        except ConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _heap_reserve_size(text: str) -> int:
+    from mmproc.serve.allocator import MMAP_THRESHOLD
+
+    value = _byte_size("--heap-reserve-bytes")(text)
+    if value >= MMAP_THRESHOLD:
+        # malloc would map a block that large on its own, never touching the heap's top.
+        raise argparse.ArgumentTypeError(
+            f"--heap-reserve-bytes must be below {MMAP_THRESHOLD >> 20} MiB, got {text!r}"
+        )
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,10 +128,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     parser.add_argument(
         "--encoded-item-cache-bytes",
-        type=_byte_size,
+        type=_byte_size("--encoded-item-cache-bytes"),
         metavar="SIZE",
         help="items kept encoded in vLLM's format for repeats (4294967296, 512MiB, 0: none; "
         "default 1GiB)",
+    )
+    parser.add_argument(
+        "--heap-reserve-bytes",
+        type=_heap_reserve_size,
+        metavar="SIZE",
+        help="free memory kept faulted in at the top of malloc's heap, ahead of the requests "
+        "(below 32MiB; 0: none; default 24MiB)",
     )
     parser.add_argument(
         "--trust-request-chat-template",
@@ -159,7 +184,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(describe_demo_models())
         return 0
     from mmproc.serve import ServeSettings, create_app, run
-    from mmproc.serve.allocator import keep_freed_memory, reserve_heap
+    from mmproc.serve.allocator import HEAP_RESERVE, keep_freed_memory, reserve_heap
 
     workdir = Path(tempfile.mkdtemp(prefix="mmproc-serve-"))
     try:
@@ -190,7 +215,8 @@ def run_serve(args: argparse.Namespace) -> int:
         if limits:
             options.setdefault("media_limits", MediaLimits(**limits))
         keep_freed_memory()  # before the processor's first buffers and threads
-        reserve_heap()
+        if args.heap_reserve_bytes != 0:
+            reserve_heap(args.heap_reserve_bytes or HEAP_RESERVE)
         processor = get_processor(folder, warm_up=True, **options)
         names = tuple(args.served_model_name) or (args.model or str(folder),)
         settings = ServeSettings(
