@@ -329,9 +329,11 @@ class Server:
                 process.wait(60)
 
 
-def mmproc_server(folder: Path, native: bool, cache_gb: float | None) -> Server:
+def mmproc_server(
+    folder: Path, native: bool, cache_gb: float | None, extra: list[str] | None = None
+) -> Server:
     command = [sys.executable, "-m", "mmproc.cli", "serve", "--model", str(folder)]
-    command += ["--served-model-name", "bench", "--log-level", "warning"]
+    command += ["--served-model-name", "bench", "--log-level", "warning", *(extra or [])]
     cache_bytes = None if cache_gb is None else int(cache_gb * (1 << 30))
     if cache_bytes is not None:
         command += ["--option", f"cache_bytes={cache_bytes}"]
@@ -454,6 +456,14 @@ def main() -> None:
     )
     parser.add_argument("--skip-native", action="store_true")
     parser.add_argument(
+        "--mmproc-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an argument for both mmproc servers' command line, e.g. "
+        "--mmproc-arg=--heap-reserve-bytes=0 (repeatable)",
+    )
+    parser.add_argument(
         "--stages", action="store_true", help="first, where one request's time goes"
     )
     parser.add_argument("--only-stages", action="store_true", help="the stage table alone")
@@ -467,9 +477,9 @@ def main() -> None:
             stage_table(folder, 16)
         if args.only_stages:
             return
-        servers = [mmproc_server(folder, False, args.cache_gb)]
+        servers = [mmproc_server(folder, False, args.cache_gb, args.mmproc_arg)]
         if not args.skip_native:
-            servers.append(mmproc_server(folder, True, args.cache_gb))
+            servers.append(mmproc_server(folder, True, args.cache_gb, args.mmproc_arg))
         if args.vllm is not None:
             servers.append(vllm_server(args.vllm, folder, args.cache_gb))
         try:
@@ -496,7 +506,8 @@ def report(results: Results, args: argparse.Namespace) -> None:
         f"{args.rounds} rounds, the servers in turn within each; medians over the rounds; ", end=""
     )
     caches = "servers' default caches" if args.cache_gb is None else f"caches {args.cache_gb} GiB"
-    print(f"{args.client} client; {caches}\n")
+    extra = f"; mmproc serve {' '.join(args.mmproc_arg)}" if args.mmproc_arg else ""
+    print(f"{args.client} client; {caches}{extra}\n")
     print(
         "| server | pictures | clients | req/s | req/s by round | p50 ms | p99 ms "
         "| answer bytes | failed |"
