@@ -34,9 +34,10 @@ print(json.dumps({"applied": applied, "faults": faults}))
 """
 
 
-def run(mode: str, **env: str) -> dict[str, object]:
+def run(script: str, mode: str, **env: str) -> dict[str, object]:
+    """``script`` in a fresh interpreter, given ``mode``; what it prints, as JSON."""
     done = subprocess.run(
-        [sys.executable, "-c", REUSE, mode],
+        [sys.executable, "-c", script, mode],
         capture_output=True,
         text=True,
         check=True,
@@ -47,18 +48,18 @@ def run(mode: str, **env: str) -> dict[str, object]:
 
 def test_buffers_freed_by_one_request_are_reused_by_the_next_without_page_faults() -> None:
     pages = 16 * (4 << 20) // 4096
-    kept = run("keep")
+    kept = run(REUSE, "keep")
     assert kept["applied"] == {
         "malloc_mmap_threshold": 32 << 20,
         "malloc_trim_threshold": 512 << 20,
     }
     assert kept["faults"] < pages // 10
     # Without the settings, glibc gives the freed memory back and faults it in again.
-    assert run("default")["faults"] > pages // 2
+    assert run(REUSE, "default")["faults"] > pages // 2
 
 
 def test_a_threshold_the_operator_set_in_the_environment_is_left_as_set() -> None:
-    kept = run("keep", MALLOC_TRIM_THRESHOLD_="1048576")
+    kept = run(REUSE, "keep", MALLOC_TRIM_THRESHOLD_="1048576")
     assert kept["applied"] == {"malloc_mmap_threshold": 32 << 20}
 
 
@@ -106,33 +107,22 @@ print(json.dumps({"faults": faults, "applied": heap.applied if heap else None}))
 BATCH_PAGES = 4 * (4 << 20) // 4096
 
 
-def keep(mode: str, **env: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", KEEP, mode],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, **env},
-    )
-    return json.loads(done.stdout)
-
-
 def test_what_a_request_keeps_comes_from_memory_the_reserve_faulted_in() -> None:
-    reserved = keep("reserve")
+    reserved = run(KEEP, "reserve")
     assert reserved["faults"][0] < BATCH_PAGES // 10
     # The reserve held 20 MiB: the second batch of 16 MiB outgrew it.
     assert reserved["faults"][1] > BATCH_PAGES // 2
-    unreserved = keep("none")
+    unreserved = run(KEEP, "none")
     assert unreserved["faults"][0] > BATCH_PAGES // 2
 
 
 def test_make_room_refills_the_reserve_a_request_used() -> None:
-    assert keep("refill")["faults"] == [pytest.approx(0, abs=BATCH_PAGES // 10)] * 2
+    assert run(KEEP, "refill")["faults"] == [pytest.approx(0, abs=BATCH_PAGES // 10)] * 2
 
 
 def test_the_reserve_makes_one_heap_unless_the_operator_set_the_arenas() -> None:
-    assert keep("reserve")["applied"] == {"malloc_arena_max": 1, "malloc_top_pad": 0}
-    assert keep("reserve", MALLOC_ARENA_MAX="2")["applied"] == {"malloc_top_pad": 0}
+    assert run(KEEP, "reserve")["applied"] == {"malloc_arena_max": 1, "malloc_top_pad": 0}
+    assert run(KEEP, "reserve", MALLOC_ARENA_MAX="2")["applied"] == {"malloc_top_pad": 0}
 
 
 # Buffers in use when the reserve populates the whole heap keep what they hold.
