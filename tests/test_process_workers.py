@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import multiprocessing
 import os
 import pickle
@@ -42,6 +43,7 @@ from mmproc.errors import (
     UnknownArchitectureError,
     WorkerProcessError,
 )
+from mmproc.lent_blocks import LENDABLE_BLOCKS, SHM_HEADROOM, LendableBlocks
 from mmproc.process_workers import WorkerProcesses, WorkerSpec, _portable, _send_answer
 from mmproc.shared_blocks import (
     AttachedBlocks,
@@ -172,7 +174,7 @@ def test_each_worker_keeps_its_blocks_and_grows_them_for_a_larger_call(
         assert_same(processes.process(IMAGE, mm_data), threads.process(IMAGE, mm_data))
         assert_only_live_workers_blocks(processes)
         sizes.append(sorted(os.path.getsize(f"/dev/shm/{n}") for n in blocks_of_this_process()))
-    assert len(sizes[-1]) <= 4  # an items block and an outputs block per worker
+    assert len(sizes[-1]) <= 2 * (2 + LENDABLE_BLOCKS)  # items, outputs, and those lent
     assert max(sizes[1]) >= 640 * 480 * 3  # grown for the large image's items
     assert sizes[3] == sizes[2]  # and kept, not made again, for the calls that fit
 
@@ -330,6 +332,116 @@ def test_workers_closed_while_they_start_are_stopped_before_close_returns(
 def starting_workers(others: set[int]) -> list[int]:
     children = multiprocessing.active_children()
     return [p.pid for p in children if p.name.startswith("mmproc-worker") and p.pid not in others]
+
+
+def mapped_blocks() -> set[str]:
+    """The shared memory blocks this process has mapped, unlinked or not."""
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    return {line.split("/dev/shm/")[1].split()[0] for line in maps if "/dev/shm/mmproc_" in line}
+
+
+def is_a_view(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a view of memory it was lent (torch.frombuffer), not a copy of it."""
+    return not tensor.untyped_storage().resizable()
+
+
+def test_outputs_are_read_without_a_copy_and_their_block_is_lent_again_once_they_are_gone(
+    qwen_folder: Path, threads: mmproc.Processor
+) -> None:
+    images = [noise_image(160, 120, seed=40 + i) for i in range(2 + LENDABLE_BLOCKS)]
+    with mmproc.get_processor(
+        qwen_folder, worker_kind="process", workers=1, warm_up=True, cache_bytes=0
+    ) as processor:
+        workers = processor._processes
+        assert workers is not None
+        held = [processor.process(IMAGE, {"image": [image]}) for image in images]
+        # The first call's outputs size a block for the next; each later call is lent one, until
+        # every block is lent and the last call's outputs are copied out.
+        assert workers.lent_blocks == LENDABLE_BLOCKS
+        pixels = [got.features[0].data["pixel_values"] for got in held]
+        assert [is_a_view(p) for p in pixels] == [False] + [True] * LENDABLE_BLOCKS + [False]
+        for image, got in zip(images, held):  # nothing was written over while they were held
+            assert_same(got, threads.process(IMAGE, {"image": [image]}))
+        kept = set(workers.kept_blocks)
+        del held, pixels, got
+        gc.collect()
+        assert workers.lent_blocks == 0
+        again = processor.process(IMAGE, {"image": [images[1]]})
+        assert is_a_view(again.features[0].data["pixel_values"])
+        assert workers.lent_blocks == 1
+        assert set(workers.kept_blocks) == kept  # lent again, not made again
+        assert_same(again, threads.process(IMAGE, {"image": [images[1]]}))
+
+
+def test_outputs_lent_a_block_outlive_their_workers_and_unmap_it_when_they_go(
+    qwen_folder: Path, threads: mmproc.Processor
+) -> None:
+    images = [noise_image(100, 80, seed=50), noise_image(120, 90, seed=51)]
+    before = set(blocks_of_this_process())
+    processor = mmproc.get_processor(
+        qwen_folder, worker_kind="process", workers=1, warm_up=True, cache_bytes=0
+    )
+    held = [processor.process(IMAGE, {"image": [image]}) for image in images]
+    assert is_a_view(held[1].features[0].data["pixel_values"])
+    lent = set(processor._processes.kept_blocks) - before  # type: ignore[union-attr]
+    processor.close()
+    assert set(blocks_of_this_process()) <= before  # unlinked with the workers
+    for image, got in zip(images, held):  # still readable, and intact
+        assert_same(got, threads.process(IMAGE, {"image": [image]}))
+    assert lent & mapped_blocks()  # the lent block is mapped while its outputs live
+    del held, got
+    gc.collect()
+    assert not lent & mapped_blocks()
+
+
+def test_with_no_shared_memory_for_a_block_to_lend_the_outputs_are_copied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import mmproc.lent_blocks
+    import mmproc.shared_blocks
+
+    blocks = LendableBlocks(97, count=1)
+    try:
+        assert blocks.take(0) is None  # no size known yet: nothing to lend
+        with monkeypatch.context() as patched:
+
+            def no_room(name: str, size: int) -> SharedMemory:
+                raise WorkerProcessError(f"no shared memory block of {size:,} bytes")
+
+            patched.setattr(mmproc.shared_blocks, "_allocated", no_room)
+            assert blocks.take(4096) is None
+        with monkeypatch.context() as patched:  # what is left must stay for the workers' own
+            patched.setattr(mmproc.lent_blocks, "shared_memory_free", lambda: SHM_HEADROOM)
+            assert blocks.take(4096) is None
+        box = blocks.take(4096)
+        assert box is not None and box.block is not None and box.block.size >= 4096
+        buffer = blocks.lend(box)
+        assert blocks.take(4096) is None  # its one block is lent
+        assert blocks.lent == 1
+        del buffer
+        assert blocks.lent == 0 and blocks.take(4096) is box
+        blocks.give_back(box)
+    finally:
+        blocks.close()
+    assert blocks.names == []
+
+
+def test_lent_blocks_keep_to_their_budget_and_one_too_small_is_dropped() -> None:
+    blocks = LendableBlocks(96, budget=10_100)  # one block of 5,120 bytes, or one of 10,000
+    try:
+        first = blocks.take(4096)  # 5,120 bytes
+        assert first is not None and first.block is not None
+        assert blocks.take(4096) is None  # a second would pass the budget
+        small = first.block.name
+        blocks.give_back(first)
+        larger = blocks.take(8000)  # the free one is too small: dropped, and a larger made
+        assert larger is not None and larger.block is not None and larger.block.size >= 8000
+        assert blocks.forgotten() == [small] and blocks.forgotten() == []
+        assert not Path(f"/dev/shm/{small}").exists()
+        blocks.give_back(larger)
+    finally:
+        blocks.close()
+    assert blocks.names == []
 
 
 def test_items_cross_in_shared_memory_as_they_were_given() -> None:

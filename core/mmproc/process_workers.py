@@ -9,7 +9,9 @@ prompt updates, tokenising, so the outputs are those of the thread pool, bit for
 
 A call's items go to the worker, and its per-item outputs come back, through shared memory
 (:mod:`mmproc.shared_blocks`): two blocks each worker keeps from call to call, the serving
-process's to make, grow and unlink, and blocks of a call's own for what does not fit them.
+process's to make, grow and unlink, and blocks of a call's own for what does not fit them. The
+outputs are read without a copy where they can be: out of a block lent to them until they are
+gone (:mod:`mmproc.lent_blocks`).
 
 Workers are spawned (a fresh interpreter: no state forked from the server), side by side, each
 loading its processor once; by default in the background at start-up, so that construction does
@@ -44,6 +46,7 @@ from typing import Any
 
 from mmproc.errors import MmprocError, ProcessingError, WorkerProcessError
 from mmproc.executor import intra_op_threads_for
+from mmproc.lent_blocks import LENDABLE_BLOCKS, LendableBlocks
 from mmproc.shared_blocks import (
     AttachedBlocks,
     KeptBlock,
@@ -84,6 +87,11 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
     ``torch_threads``: torch's intra-op threads, so that the workers together fit the cores as
     the thread pool's do."""
     from mmproc.fields import prompt_ids_row, split_outputs
+    from mmproc.malloc_settings import keep_freed_memory
+
+    # The process is mmproc's own: each call's megabyte buffers are kept for the next, not
+    # faulted in again (a host process's allocator is not the library's to change).
+    keep_freed_memory()
 
     with contextlib.suppress(ImportError):
         import torch
@@ -98,7 +106,7 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
         return
     model, ctx, hf = processor.model, processor.ctx, processor.hf_processor
     named = f"{ctx.architecture} (plugin {ctx.plugin!r})"
-    attached = AttachedBlocks()
+    attached = AttachedBlocks(outputs=1 + LENDABLE_BLOCKS)
     conn.send(("ready", None))
     while True:
         try:
@@ -108,7 +116,8 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
         if message is None:
             processor.close()
             return
-        mode, text, items_at, described, kwargs, outbox, call_outputs = message
+        mode, text, items_at, described, kwargs, outbox, call_outputs, forget = message
+        attached.forget(forget)
         answer: tuple[str, Any]
         try:
             items = read_items(attached, items_at, described)
@@ -189,7 +198,10 @@ class _Worker:
             daemon=True,
         )
         self.inbox = KeptBlock(index, "in")
-        self.outbox = KeptBlock(index, "out")
+        self.outbox = KeptBlock(index, "out")  # the outputs copied out, when none can be lent
+        self.lendable = LendableBlocks(index)
+        self.outputs_bytes = 0  # the last call's: the size of the next block lent
+        self.forget: list[str] = []  # outputs blocks dropped that the worker still maps
         if abandoned.is_set():
             raise WorkerProcessError(f"worker process {self.process.name} was not started: closed")
         started = time.perf_counter()
@@ -229,6 +241,7 @@ class _Worker:
         self.conn.close()
         self.inbox.drop()
         self.outbox.drop()
+        self.lendable.close()
 
 
 def _joined(process: Any, timeout: float) -> bool:
@@ -362,7 +375,14 @@ class WorkerProcesses:
         """The names of the shared blocks the live workers keep from call to call."""
         with self._lock:
             blocks = [box.block for w in self._all for box in (w.inbox, w.outbox)]
-        return sorted(block.name for block in blocks if block is not None)
+            lendable = [name for w in self._all for name in w.lendable.names]
+        return sorted([block.name for block in blocks if block is not None] + lendable)
+
+    @property
+    def lent_blocks(self) -> int:
+        """Blocks of the live workers that outputs read without a copy still hold."""
+        with self._lock:
+            return sum(worker.lendable.lent for worker in self._all)
 
     @property
     def calls_in_flight(self) -> int:
@@ -407,7 +427,7 @@ class WorkerProcesses:
             self._retire(found)
 
     @contextlib.contextmanager
-    def _lent(self) -> Iterator[_Lease]:
+    def _leased(self) -> Iterator[_Lease]:
         lease = _Lease(self._take())
         try:
             yield lease
@@ -432,23 +452,29 @@ class WorkerProcesses:
         items_name, outputs_name = call_block_names()
         items_own = answered = False
         try:
-            with self._lent() as lease:
+            with self._leased() as lease:
                 worker = lease.worker
-                message, items_own = self._message(
-                    worker, mode, text, items, kwargs, items_name, outputs_name
-                )
-                lease.busy = True
-                self._count_in_flight(+1)
+                lendable = worker.lendable.take(worker.outputs_bytes)
                 try:
-                    answer = self._exchange(worker, message)
+                    message, items_own = self._message(
+                        worker, mode, text, items, kwargs, items_name, outputs_name, lendable
+                    )
+                    lease.busy = True
+                    self._count_in_flight(+1)
+                    try:
+                        answer = self._exchange(worker, message)
+                    finally:
+                        self._count_in_flight(-1)
+                    lease.busy = False
+                    status, detail = pickle.loads(answer)
+                    answered = True  # the worker left no block of this call but what it says
+                    if status == "ok":  # copied out before the worker's block is lent again
+                        at, layout, ids = detail
+                        outputs, lendable = self._outputs(worker, at, layout, lendable)
+                        return outputs, ids
                 finally:
-                    self._count_in_flight(-1)
-                lease.busy = False
-                status, detail = pickle.loads(answer)
-                answered = True  # the worker left no block of this call but what it says
-                if status == "ok":  # copied out before the worker's block is lent again
-                    at, layout, ids = detail
-                    return self._outputs(worker, at, layout), ids
+                    if lendable is not None:  # not lent to this call's outputs
+                        worker.lendable.give_back(lendable)
         finally:
             # The call's own blocks are ours to unlink: the items', if they went in one, and
             # whatever a worker that never answered may have made.
@@ -462,18 +488,25 @@ class WorkerProcesses:
         raise ProcessingError(f"{self._model}: {type(error).__name__}: {error}")
 
     def _outputs(
-        self, worker: _Worker, at: Where, layout: list[Any]
-    ) -> dict[str, list[dict[str, Any]]]:
-        """The outputs of a call, from the worker's block or the call's own (unlinked once read);
-        after the call's own, the worker's block is made large enough for outputs of that size."""
+        self, worker: _Worker, at: Where, layout: list[Any], lendable: KeptBlock | None
+    ) -> tuple[dict[str, list[dict[str, Any]]], KeptBlock | None]:
+        """The outputs of a call, and ``lendable`` unless they were lent it: views of the block
+        lent to them, or copied out of the worker's block or the call's own (unlinked once
+        read); after the call's own, the worker's block is made large enough for outputs of
+        that size."""
         if at is None:
-            return read_outputs(None, layout)
+            return read_outputs(None, layout), lendable
         name, kept, size = at
+        worker.outputs_bytes = size
+        if kept and lendable is not None and lendable.block is not None:
+            if lendable.block.name == name:
+                lent = worker.lendable.lend(lendable)
+                return read_outputs(lendable.block, layout, shared=lent), None
         if kept:
             block = worker.outbox.block
             if block is None or block.name != name:  # dropped: close() stopped the worker
                 raise ProcessingError(f"{self._model}: the worker processes were closed")
-            return read_outputs(block, layout)
+            return read_outputs(block, layout), lendable
         try:
             block = SharedMemory(name=name)
         except OSError:
@@ -483,9 +516,12 @@ class WorkerProcesses:
             outputs = read_outputs(block, layout)
         finally:
             drop_block(block)
+        replaced = worker.outbox.block
         with contextlib.suppress(WorkerProcessError):  # no room to keep that: the next spills
             worker.outbox.fitted(size)
-        return outputs
+        if replaced is not None and replaced is not worker.outbox.block:
+            worker.forget.append(replaced.name)
+        return outputs, lendable
 
     def _message(
         self,
@@ -496,16 +532,19 @@ class WorkerProcesses:
         kwargs: Mapping[str, Any],
         items_name: str,
         outputs_name: str,
+        lendable: KeptBlock | None,
     ) -> tuple[bytes, bool]:
         """The call as ``worker`` receives it, its items written to shared memory (pickled
         here, so a value that cannot go to a worker fails before the worker is sent anything),
-        and whether the items went in a block of the call's own."""
+        and whether the items went in a block of the call's own. Its outputs go in
+        ``lendable`` when there is one, else in the worker's outputs block."""
         try:
             items_at, described = write_items(items, worker.inbox, items_name)
-            outbox = worker.outbox.block
+            outbox = worker.outbox.block if lendable is None else lendable.block
             kept_out = None if outbox is None else (outbox.name, outbox.size)
+            forget, worker.forget = worker.forget + worker.lendable.forgotten(), []
             message = ForkingPickler.dumps(
-                (mode, text, items_at, described, dict(kwargs), kept_out, outputs_name)
+                (mode, text, items_at, described, dict(kwargs), kept_out, outputs_name, forget)
             )
             return bytes(message), items_at is not None and not items_at[1]
         except WorkerProcessError as exc:

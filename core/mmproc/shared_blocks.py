@@ -2,8 +2,9 @@
 
 The items go as their arrays (an image in mode ``L``, ``RGB`` or ``RGBA`` as its pixels, a
 video's frames, an audio waveform; any other item pickled), the per-item outputs as their
-tensors, each copied once into the block and once out of it. Each worker has two blocks of its
-own, one for items and one for outputs, made by the serving process and kept from call to call:
+tensors, each copied once into the block and once out of it (or not out of it: the outputs
+blocks of :mod:`mmproc.lent_blocks`). Each worker has two blocks of its own, one for items and
+one for outputs, made by the serving process and kept from call to call:
 a new block costs a page fault per page written, more than the copy itself. A block too small
 for a call is replaced by a larger one (outputs that do not fit come back once in a block of the
 call's own, and the next call finds a block their size); a call larger than ``KEPT_BLOCK_MAX``
@@ -17,6 +18,7 @@ stopped; a worker unlinks an outputs block it made for a call it then failed.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import itertools
@@ -165,21 +167,36 @@ class KeptBlock:
 
 
 class AttachedBlocks:
-    """The worker's mappings of the serving process's blocks, by name: a block is mapped once,
-    and unmapped when the serving process names a new one in its place."""
+    """The worker's mappings of the serving process's blocks, by role and name: a block is
+    mapped once, and unmapped when the serving process says it dropped it (:meth:`forget`), or
+    when a role has more blocks mapped than it has room for (the serving process names a new
+    one in place of one it dropped). ``outputs``: the outputs blocks a worker writes to in turn
+    (its own, and those lent to outputs)."""
 
-    def __init__(self) -> None:
-        self._blocks: dict[str, SharedMemory] = {}
+    def __init__(self, outputs: int = 1) -> None:
+        self._room = {"in": 1, "out": outputs}
+        self._blocks: dict[str, collections.OrderedDict[str, SharedMemory]] = {}
 
     def __call__(self, role: str, name: str) -> SharedMemory:
-        block = self._blocks.get(role)
-        if block is None or block.name != name:
-            if block is not None:
-                _unmap(block)
-            # Opening registers it with the resource tracker the worker shares with the serving
-            # process: the serving process's unlink unregisters it.
-            block = self._blocks[role] = SharedMemory(name=name)
+        mapped = self._blocks.setdefault(role, collections.OrderedDict())
+        block = mapped.get(name)
+        if block is not None:
+            mapped.move_to_end(name)
+            return block
+        # Opening registers it with the resource tracker the worker shares with the serving
+        # process: the serving process's unlink unregisters it.
+        block = mapped[name] = SharedMemory(name=name)
+        while len(mapped) > self._room.get(role, 1):
+            _unmap(mapped.popitem(last=False)[1])
         return block
+
+    def forget(self, names: list[str]) -> None:
+        """Unmap the blocks ``names`` (the serving process dropped them)."""
+        for mapped in self._blocks.values():
+            for name in names:
+                block = mapped.pop(name, None)
+                if block is not None:
+                    _unmap(block)
 
 
 def _aligned(offset: int) -> int:
@@ -355,10 +372,14 @@ def write_outputs(
     return (block.name, kept, offset), layout
 
 
-def read_outputs(block: SharedMemory | None, layout: list[Any]) -> dict[str, list[dict[str, Any]]]:
-    """The per-item outputs, copied out of a worker's block."""
+def read_outputs(
+    block: SharedMemory | None, layout: list[Any], shared: memoryview | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The per-item outputs in a worker's block: copied out of it, or, given ``shared`` (the
+    block's buffer, lent to them: :mod:`mmproc.lent_blocks`), views of its memory."""
     import torch
 
+    buffer = shared if shared is not None else None if block is None else block.buf
     per_item: dict[str, list[dict[str, Any]]] = {}
     for modality, entries in layout:
         items = per_item.setdefault(modality, [])
@@ -369,15 +390,15 @@ def read_outputs(block: SharedMemory | None, layout: list[Any]) -> dict[str, lis
                     item[key] = entry[1]
                     continue
                 _, dtype_name, shape, offset = entry
-                assert block is not None  # a layout with tensors comes with its block
+                assert buffer is not None  # a layout with tensors comes with its block
                 dtype = getattr(torch, dtype_name.removeprefix("torch."))
                 carrier = torch.int16 if dtype == torch.bfloat16 else dtype
                 count = int(np.prod(shape)) if shape else 1
                 if count == 0:  # torch.frombuffer takes no empty range
                     item[key] = torch.empty(shape, dtype=dtype)
                     continue
-                raw = torch.frombuffer(block.buf, dtype=carrier, count=count, offset=offset)
-                tensor = raw.clone().view(shape)
+                raw = torch.frombuffer(buffer, dtype=carrier, count=count, offset=offset)
+                tensor = raw.view(shape) if shared is not None else raw.clone().view(shape)
                 del raw
                 item[key] = tensor.view(dtype) if carrier is not dtype else tensor
             items.append(item)

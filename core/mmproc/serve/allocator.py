@@ -1,12 +1,6 @@
-"""The serving process's allocator: freed megabyte buffers kept for the next request, and the
-heap's top faulted in ahead of the requests.
-
-Every rendered request allocates megabytes and frees most of them again: the decoded pixels,
-the patches, the base64 of the answer. glibc's malloc hands such buffers back to the kernel when
-they are freed (``munmap``, or trimming the top of a heap), so the next request's buffers are
-new pages, each faulted in and zeroed by the kernel. :func:`keep_freed_memory` makes malloc serve
-buffers up to 32 MiB from its heaps and keep up to ``trim_threshold`` bytes free at a heap's top,
-so freed buffers are reused without the kernel.
+"""The serving process's allocator: freed megabyte buffers kept for the next request
+(:func:`~mmproc.malloc_settings.keep_freed_memory`, re-exported here), and the heap's top
+faulted in ahead of the requests.
 
 What a request keeps is new memory all the same: the processor's cache holds every new item's
 outputs (megabytes per picture) until it is full. Faulting those pages in on the request's path
@@ -16,9 +10,9 @@ the requests (``madvise(MADV_POPULATE_WRITE)``, which maps pages without touchin
 hold, so it is safe on memory in use), woken by :func:`make_room` as each request comes in.
 
 Only ``mmproc serve`` calls these: a library must not change its host process's allocator. A
-setting the operator made with glibc's own environment variables (``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_ARENA_MAX``, ``MALLOC_TOP_PAD_``) or ``GLIBC_TUNABLES`` is
-left as they set it. Elsewhere than glibc they do nothing.
+setting the operator made with glibc's own environment variables (``MALLOC_ARENA_MAX``,
+``MALLOC_TOP_PAD_``, those of :mod:`mmproc.malloc_settings`) or ``GLIBC_TUNABLES`` is left as
+they set it. Elsewhere than glibc they do nothing.
 """
 
 from __future__ import annotations
@@ -27,8 +21,17 @@ import ctypes
 import errno
 import logging
 import os
-import platform
 import threading
+
+from mmproc.malloc_settings import (
+    M_ARENA_MAX,
+    M_TOP_PAD,
+    MMAP_THRESHOLD,
+    TRIM_THRESHOLD,
+    apply_malloc_settings,
+    glibc,
+    keep_freed_memory,
+)
 
 __all__ = [
     "HEAP_RESERVE",
@@ -43,23 +46,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_TOP_PAD = -2
-_M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
-
 _MADV_POPULATE_WRITE = 23  # Linux 5.14
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _POPULATE_STEP = 4 << 20  # bytes per madvise call: allocations go on between them
-
-#: Allocations up to this size come from malloc's heaps, so their memory is reused once freed:
-#: glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit). Larger ones (a long video's frames) are still
-#: mapped on their own and given back when freed.
-MMAP_THRESHOLD = 32 << 20
-
-#: Free memory a heap keeps at its top before giving it back: a few concurrent requests' buffers.
-TRIM_THRESHOLD = 512 << 20
 
 #: Free, faulted-in bytes :func:`reserve_heap` keeps at the heap's top: several pictures'
 #: outputs. Below :data:`MMAP_THRESHOLD`, so that reserving it takes heap memory.
@@ -68,57 +57,6 @@ HEAP_RESERVE = 24 << 20
 #: How much more the heap grows each time it must (``M_TOP_PAD``): the reserve is refilled in
 #: few, large steps.
 TOP_PAD = 64 << 20
-
-# glibc's environment variable and GLIBC_TUNABLES name of each setting.
-_OPERATOR_NAMES = {
-    _M_MMAP_THRESHOLD: ("MALLOC_MMAP_THRESHOLD_", "glibc.malloc.mmap_threshold"),
-    _M_TRIM_THRESHOLD: ("MALLOC_TRIM_THRESHOLD_", "glibc.malloc.trim_threshold"),
-    _M_ARENA_MAX: ("MALLOC_ARENA_MAX", "glibc.malloc.arena_max"),
-    _M_TOP_PAD: ("MALLOC_TOP_PAD_", "glibc.malloc.top_pad"),
-}
-
-
-def _libc() -> ctypes.CDLL | None:
-    if platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-        libc.mallopt.restype = ctypes.c_int
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-def _set_by_operator(parameter: int) -> bool:
-    env, tunable = _OPERATOR_NAMES[parameter]
-    return env in os.environ or tunable + "=" in os.environ.get("GLIBC_TUNABLES", "")
-
-
-def _apply(libc: ctypes.CDLL, settings: dict[int, int]) -> dict[str, int]:
-    """``mallopt`` each setting the operator left alone; returns what was set, by env name."""
-    applied: dict[str, int] = {}
-    for parameter, value in settings.items():
-        if _set_by_operator(parameter):
-            continue
-        if libc.mallopt(parameter, value) == 1:
-            applied[_OPERATOR_NAMES[parameter][0].strip("_").lower()] = value
-        else:
-            logger.debug("mallopt(%d, %d) was refused", parameter, value)
-    return applied
-
-
-def keep_freed_memory(
-    mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD
-) -> dict[str, int]:
-    """Set glibc's mmap and trim thresholds for this process; returns what was set.
-
-    Returns an empty dict where the C library is not glibc or ``mallopt`` refuses.
-    """
-    libc = _libc()
-    if libc is None:
-        return {}
-    return _apply(libc, {_M_MMAP_THRESHOLD: mmap_threshold, _M_TRIM_THRESHOLD: trim_threshold})
 
 
 class HeapReserve:
@@ -217,14 +155,14 @@ def reserve_heap(
     glibc, no heap, a kernel without ``MADV_POPULATE_WRITE``.
     """
     global _active
-    libc = _libc()
+    libc = glibc()
     floor = _heap_start()
     if libc is None or floor is None:
         return None
     heap = HeapReserve(libc, floor, reserve, top_pad, interval)
     if not heap.fill():  # the kernel cannot populate: leave malloc as it was
         return None
-    heap.applied = _apply(libc, {_M_ARENA_MAX: 1, _M_TOP_PAD: top_pad})
+    heap.applied = apply_malloc_settings(libc, {M_ARENA_MAX: 1, M_TOP_PAD: top_pad})
     heap.start()
     if _active is not None:
         _active.close()
