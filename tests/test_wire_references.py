@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgpack
 import pytest
 import torch
+import zmq
 from mmproc.errors import ConfigurationError, DecodeError
 from mmproc.wire import (
     DEFAULT_ITEM_CACHE_BYTES,
@@ -27,6 +28,7 @@ from mmproc.wire import (
     item_key,
 )
 from mmproc.wire.items import ITEM_ENTRY_BYTES, ITEM_KEY_BYTES
+from zmq.utils.monitor import recv_monitor_message
 
 # Generous: only reached when something is broken, never a measure of speed.
 WAIT = 10.0
@@ -290,13 +292,33 @@ def test_an_item_the_receiver_evicted_since_is_sent_again_in_full_at_once(
         assert receiver.stats.received == 3
 
 
+def connection_watch(sender: RequestSender) -> Callable[[], None]:
+    """A wait for ``sender``'s next connection (to a receiver bound after this call). A request
+    sent before the sender has seen its old receiver go can be written to the dead connection
+    and is only re-sent after ``ack_timeout``; once the new connection is up, the old one is
+    gone. Call with no request of the sender's in flight (the monitor shares its socket)."""
+    monitor = sender._socket.get_monitor_socket(zmq.EVENT_CONNECTED)
+
+    def wait() -> None:
+        try:
+            assert monitor.poll(int(WAIT * 1000)), "the sender did not connect to the new receiver"
+            recv_monitor_message(monitor)
+        finally:
+            sender._socket.disable_monitor()
+            monitor.close()
+
+    return wait
+
+
 def test_a_new_receiver_in_the_old_ones_place_gets_references_again_in_full(
     ipc_address: str,
 ) -> None:
     with RequestSender(ipc_address) as sender:
         with RequestReceiver(ipc_address) as first:
             send_and_take(sender, first, chat_request("before", [1, 2]))
+            reconnected = connection_watch(sender)
         with RequestReceiver(ipc_address) as second:  # a restart: it holds nothing
+            reconnected()
             request = chat_request("after", [1, 2, 3])
             assert_bit_correct(send_and_take(sender, second, request), request)
             assert second.stats.missing_items == 1 and second.stats.items_in_full == 3
