@@ -426,6 +426,24 @@ def test_with_no_shared_memory_for_a_block_to_lend_the_outputs_are_copied(
     assert blocks.names == []
 
 
+def test_a_block_given_back_after_it_was_lent_is_never_lent_twice() -> None:
+    blocks = LendableBlocks(95, count=2)
+    try:
+        box = blocks.take(4096)
+        assert box is not None
+        buffer = blocks.lend(box)
+        blocks.give_back(box)  # as a call whose read failed after lend does
+        del buffer
+        again = blocks.take(4096)
+        other = blocks.take(4096)  # a new block, not the same one a second time
+        assert again is box and other is not None and other is not box
+        blocks.give_back(again)
+        blocks.give_back(other)
+    finally:
+        blocks.close()
+    assert blocks.names == []
+
+
 def test_lent_blocks_keep_to_their_budget_and_one_too_small_is_dropped() -> None:
     blocks = LendableBlocks(96, budget=10_100)  # one block of 5,120 bytes, or one of 10,000
     try:

@@ -113,6 +113,9 @@ class LendableBlocks:
         """Return a block taken for a call that did not lend it (its outputs did not fit, or the
         call failed)."""
         with self._lock:
+            self._collect()
+            if box in self._lent or box in self._free:
+                return  # lent after all (a read that failed after lend): it comes back itself
             if self._closed:
                 self._drop(box)
             else:

@@ -468,7 +468,7 @@ class WorkerProcesses:
                     lease.busy = False
                     status, detail = pickle.loads(answer)
                     answered = True  # the worker left no block of this call but what it says
-                    if status == "ok":  # copied out before the worker's block is lent again
+                    if status == "ok":  # read before the worker's blocks are written again
                         at, layout, ids = detail
                         outputs, lendable = self._outputs(worker, at, layout, lendable)
                         return outputs, ids
