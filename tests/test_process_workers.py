@@ -44,6 +44,8 @@ from mmproc.errors import (
     WorkerProcessError,
 )
 from mmproc.lent_blocks import LENDABLE_BLOCKS, SHM_HEADROOM, LendableBlocks
+from mmproc.output_memory import OutputArena, outputs_in
+from mmproc.plugin import output_tensor
 from mmproc.process_workers import WorkerProcesses, WorkerSpec, _portable, _send_answer
 from mmproc.shared_blocks import (
     AttachedBlocks,
@@ -533,6 +535,85 @@ def test_outputs_of_every_size_and_dtype_come_back_bit_for_bit() -> None:
         else:
             assert got == value
     assert call_blocks() == []
+
+
+def made_in_the_outbox(size: int) -> tuple[KeptBlock, AttachedBlocks, dict, OutputArena | None]:
+    """A worker's outputs block of ``size`` bytes, patches made in it with ``output_tensor``
+    while it is the call's arena, and outputs holding those patches and a tensor made elsewhere."""
+    kept = KeptBlock(97, "out")
+    block = kept.fitted(size)
+    assert block is not None
+    attached = AttachedBlocks()
+    with outputs_in(attached("out", block.name).buf) as arena:
+        patches = output_tensor((6, 40))
+        patches.copy_(torch.arange(240, dtype=torch.uint8).reshape(6, 40))
+    grid = torch.tensor([[1, 2, 3]], dtype=torch.int64)
+    outputs = {
+        "image": [
+            {"pixel_values": patches[:2], "image_grid_thw": grid},
+            {"pixel_values": patches[2:], "image_grid_thw": grid + 1},
+        ]
+    }
+    return kept, attached, outputs, arena
+
+
+def read_back(at: tuple[str, bool, int], layout: list, attached: AttachedBlocks) -> dict:
+    block = attached("out", at[0]) if at[1] else SharedMemory(name=at[0])
+    back = read_outputs(block, layout)
+    copied = {
+        modality: [{k: v.clone() for k, v in item.items()} for item in items]
+        for modality, items in back.items()
+    }
+    del back
+    if not at[1]:
+        block.close()
+        release_block(at[0])
+    return copied
+
+
+def test_outputs_made_in_the_outbox_stay_where_they_are_and_the_rest_go_after_them() -> None:
+    kept, attached, outputs, arena = made_in_the_outbox(4096)
+    assert arena is not None and arena.used == 240
+    outbox = (kept.block.name, kept.block.size)  # type: ignore[union-attr]
+    _, name = call_block_names()
+    at, layout = write_outputs(outputs, name, attached=attached, outbox=outbox, arena=arena)
+    try:
+        assert at is not None and at[0] == outbox[0] and at[1]  # the outbox: no block of its own
+        ((modality, entries),) = layout
+        assert modality == "image"
+        assert [entry["pixel_values"][3] for entry in entries] == [0, 80]  # where they were made
+        grids = [entry["image_grid_thw"][3] for entry in entries]
+        assert grids == [256, 320] and at[2] == 320 + 24  # after the arena, aligned
+        back = read_back(at, layout, attached)
+        for got, given in zip(back["image"], outputs["image"]):
+            assert torch.equal(got["pixel_values"], given["pixel_values"])
+            assert torch.equal(got["image_grid_thw"], given["image_grid_thw"])
+        assert call_blocks() == []
+    finally:
+        del outputs, arena
+        attached.forget([outbox[0]])
+        kept.drop()
+
+
+def test_outputs_made_in_the_outbox_move_with_the_rest_when_the_rest_do_not_fit() -> None:
+    kept, attached, outputs, arena = made_in_the_outbox(300)
+    size = kept.block.size  # type: ignore[union-attr]
+    outputs["image"][0]["mask"] = torch.ones(size, dtype=torch.bool)  # no room left after them
+    outbox = (kept.block.name, size)  # type: ignore[union-attr]
+    _, name = call_block_names()
+    at, layout = write_outputs(outputs, name, attached=attached, outbox=outbox, arena=arena)
+    try:
+        assert at is not None and at[0] == name and not at[1]  # a block of the call's own
+        assert layout[0][1][0]["pixel_values"][3] == 0  # placed again, from the start
+        back = read_back(at, layout, attached)
+        for got, given in zip(back["image"], outputs["image"]):
+            assert set(got) == set(given)
+            assert all(torch.equal(got[key], given[key]) for key in given)
+        assert call_blocks() == []
+    finally:
+        del outputs, arena
+        attached.forget([outbox[0]])
+        kept.drop()
 
 
 def test_outputs_that_cannot_be_sent_back_are_answered_with_an_error_and_freed() -> None:

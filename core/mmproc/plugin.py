@@ -19,6 +19,9 @@ The items hooks receive
     :class:`AudioItem`, :class:`VideoItem`, :class:`VideoMetadata`; :func:`hf_video_kwargs` (the
     HF keywords for video items, metadata included) and :data:`HF_MODALITY_KWARGS`;
     :func:`rgb_pixels`, :func:`rgbx_pixels` (an RGB image's pixels read where Pillow holds them).
+Making outputs (``process_mm_data``)
+    :func:`output_tensor` (a large output the plugin fills itself, made where a worker process
+    hands it back without copying it).
 Splitting outputs per item (``get_mm_fields``)
     :class:`FieldSpec` (the base class of a field of your own), :class:`BatchedField`,
     :class:`FlatField`, :class:`PaddedField`, :class:`SharedField`.
@@ -83,6 +86,7 @@ _LAZY: dict[str, str] = {
     "build_tokenizer": "mmproc.testing.model_folders",
     "hf_video_kwargs": "mmproc.model_folder",
     "hookimpl": "mmproc.hookspecs",
+    "output_tensor": "mmproc.output_memory",
     "read_chat_template": "mmproc.model_folder",
     "read_json_object": "mmproc.model_folder",
     "rgb_pixels": "mmproc.media.pillow_pixels",
@@ -126,6 +130,7 @@ __all__ = [
     "build_tokenizer",
     "hf_video_kwargs",
     "hookimpl",
+    "output_tensor",
     "read_chat_template",
     "read_json_object",
     "resave_with_processor",
@@ -170,6 +175,7 @@ if TYPE_CHECKING:
         read_json_object,
     )
     from mmproc.norm_spec import ChannelLayout, NormSpec
+    from mmproc.output_memory import output_tensor
     from mmproc.prompt_update import (
         PlaceholderRange,
         PromptIndexTargets,

@@ -88,6 +88,7 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
     the thread pool's do."""
     from mmproc.fields import prompt_ids_row, split_outputs
     from mmproc.malloc_settings import keep_freed_memory
+    from mmproc.output_memory import outputs_in
 
     # The process is mmproc's own: each call's megabyte buffers are kept for the next, not
     # faulted in again (a host process's allocator is not the library's to change).
@@ -122,10 +123,19 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
         try:
             items = read_items(attached, items_at, described)
             counts = {modality: len(values) for modality, values in items.items()}
-            outputs = model.process_mm_data(ctx, mode, text, items, hf, kwargs)
-            per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
-            ids = outputs.get("input_ids") if "input_ids" in outputs else None
-            at, layout = write_outputs(per_item, call_outputs, attached=attached, outbox=outbox)
+            # Outputs the plugin makes with output_tensor go straight into the outputs block.
+            box = None if outbox is None else attached("out", outbox[0]).buf
+            with outputs_in(box) as arena:
+                outputs = model.process_mm_data(ctx, mode, text, items, hf, kwargs)
+                per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
+                ids = outputs.get("input_ids") if "input_ids" in outputs else None
+                at, layout = write_outputs(
+                    per_item, call_outputs, attached=attached, outbox=outbox, arena=arena
+                )
+                # Views of the block held past the call would keep a block the serving process
+                # drops from being unmapped here.
+                del outputs, per_item, items
+            del arena, box
             answer = ("ok", (at, layout, None if ids is None else prompt_ids_row(ids)))
         except BaseException as exc:
             release_block(call_outputs)  # write_outputs may have made it before the failure

@@ -2,18 +2,18 @@
 
 The items go as their arrays (an image in mode ``L``, ``RGB`` or ``RGBA`` as its pixels, a
 video's frames, an audio waveform; any other item pickled), the per-item outputs as their
-tensors, each copied once into the block and once out of it (or not out of it: the outputs
-blocks of :mod:`mmproc.lent_blocks`). Each worker has two blocks of its own, one for items and
-one for outputs, made by the serving process and kept from call to call:
-a new block costs a page fault per page written, more than the copy itself. A block too small
-for a call is replaced by a larger one (outputs that do not fit come back once in a block of the
-call's own, and the next call finds a block their size); a call larger than ``KEPT_BLOCK_MAX``
-goes in blocks of its own, so a rare large video does not hold that much shared memory for as
-long as the worker lives. A block's memory is reserved when it is made, so shared memory that
-runs out fails the request with a ``WorkerProcessError`` instead of killing a process with
-SIGBUS. The serving process unlinks a worker's own blocks when the worker stops, and a call's own
-(``mmproc_<serving pid>_<call>_in`` / ``_out``) once the call ends, its worker answered or
-stopped; a worker unlinks an outputs block it made for a call it then failed.
+tensors, each copied once into the block (or made there: :mod:`mmproc.output_memory`) and once
+out of it (or not out of it: the outputs blocks of :mod:`mmproc.lent_blocks`). Each worker has
+two blocks of its own, one for items and one for outputs, made by the serving process and kept
+from call to call: a new block costs a page fault per page written, more than the copy itself. A
+block too small for a call is replaced by a larger one (outputs that do not fit come back once
+in a block of the call's own, and the next call finds a block their size); a call larger than
+``KEPT_BLOCK_MAX`` goes in blocks of its own, so a rare large video does not hold that much
+shared memory for as long as the worker lives. A block's memory is reserved when it is made, so
+shared memory that runs out fails the request with a ``WorkerProcessError`` instead of killing a
+process with SIGBUS. The serving process unlinks a worker's own blocks when the worker stops,
+and a call's own (``mmproc_<serving pid>_<call>_in`` / ``_out``) once the call ends, its worker
+answered or stopped; a worker unlinks an outputs block it made for a call it then failed.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from mmproc.errors import WorkerProcessError
+from mmproc.output_memory import OutputArena, aligned
 
 __all__ = [
     "KEPT_BLOCK_MAX",
@@ -52,7 +53,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_ALIGN = 64  # bytes: every array in a block starts on a cache line
 KEPT_BLOCK_MAX = 64 << 20  # bytes: the largest block a worker keeps from call to call
 _GROWTH = 1.25  # a worker's block made for a call has this much room for larger ones to come
 
@@ -199,10 +199,6 @@ class AttachedBlocks:
                     _unmap(block)
 
 
-def _aligned(offset: int) -> int:
-    return -(-offset // _ALIGN) * _ALIGN
-
-
 # Where a call's items or outputs lie: (block name, whether it is one the worker keeps, bytes
 # used), or None when there is no array to hold.
 Where = tuple[str, bool, int] | None
@@ -228,7 +224,7 @@ def write_items(
 
     def place(array: np.ndarray) -> tuple[str, tuple[int, ...], int]:
         nonlocal offset
-        offset = _aligned(offset)
+        offset = aligned(offset)
         arrays.append(np.ascontiguousarray(array))
         at = offset
         offset += array.nbytes
@@ -319,16 +315,19 @@ def write_outputs(
     *,
     attached: AttachedBlocks | None = None,
     outbox: tuple[str, int] | None = None,
+    arena: OutputArena | None = None,
 ) -> tuple[Where, list[Any]]:
     """Put every tensor of ``per_item`` in shared memory: the worker's outputs block (``outbox``:
     its name and size) when they fit, else a block of the call's own named ``call_name``. Where
     they lie (None when there is no tensor) and the layout: per modality, per item, key ->
-    ("tensor", dtype, shape, offset) or ("value", v)."""
+    ("tensor", dtype, shape, offset) or ("value", v).
+
+    ``arena``: the one :func:`~mmproc.output_memory.outputs_in` opened on the outputs block;
+    tensors made in it stay where they are (written once), and the rest go after them."""
     import torch
 
-    arrays: list[np.ndarray] = []
+    arrays: list[tuple[dict[str, Any], str, np.ndarray, int | None]] = []
     layout: list[Any] = []
-    offset = 0
     for modality, items in per_item.items():
         entries = []
         for item in items:
@@ -338,38 +337,51 @@ def write_outputs(
                     tensor = torch.as_tensor(value).detach().cpu().contiguous()
                     as_bits = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
                     array = as_bits.numpy()
-                    offset = _aligned(offset)
-                    described[key] = ("tensor", str(tensor.dtype), tuple(tensor.shape), offset)
-                    arrays.append(array)
-                    offset += array.nbytes
+                    in_place = None if arena is None else arena.offset_of(array)
+                    described[key] = ("tensor", str(tensor.dtype), tuple(tensor.shape), in_place)
+                    arrays.append((described, key, array, in_place))
                 else:
                     described[key] = ("value", value)
             entries.append(described)
         layout.append((modality, entries))
     if not arrays:
         return None, layout
-    kept = outbox is not None and attached is not None and offset <= outbox[1]
+
+    def place(start: int, keep_in_place: bool) -> int:
+        """Give every tensor its offset, from ``start`` on; the end of the last."""
+        offset = start
+        for described, key, array, in_place in arrays:
+            kind, dtype, shape, _ = described[key]
+            if keep_in_place and in_place is not None:
+                described[key] = (kind, dtype, shape, in_place)
+                continue
+            offset = aligned(offset)
+            described[key] = (kind, dtype, shape, offset)
+            offset += array.nbytes
+        return offset
+
+    kept = outbox is not None and attached is not None
+    size = place(arena.used if kept and arena is not None else 0, keep_in_place=kept)
+    if kept and outbox is not None and size > outbox[1]:  # arena tensors move with the rest
+        kept = False
+        size = place(0, keep_in_place=False)
     if kept:
         assert attached is not None and outbox is not None
         block = attached("out", outbox[0])
     else:
-        block = new_call_block(call_name, offset)  # WorkerProcessError when there is no room
-    position = 0
+        block = new_call_block(call_name, size)  # WorkerProcessError when there is no room
     try:
-        for entries_of in layout:
-            for described in entries_of[1]:
-                for entry in described.values():
-                    if entry[0] != "tensor":
-                        continue
-                    array = arrays[position]
-                    position += 1
-                    view = np.ndarray(array.shape, array.dtype, buffer=block.buf, offset=entry[3])
-                    view[...] = array
-                    del view
+        for described, key, array, in_place in arrays:
+            at = described[key][3]
+            if kept and at == in_place:
+                continue  # made where it lies
+            view = np.ndarray(array.shape, array.dtype, buffer=block.buf, offset=at)
+            view[...] = array
+            del view
     finally:
         if not kept:
             _unmap(block)  # the serving process unlinks it once it has copied the outputs out
-    return (block.name, kept, offset), layout
+    return (block.name, kept, size), layout
 
 
 def read_outputs(

@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from mmproc.plugin import rgb_pixels
+from mmproc.plugin import output_tensor, rgb_pixels
 from PIL import Image
 
 __all__ = [
@@ -308,9 +308,10 @@ def patchify_uint8(
     )
 
     counts = [(h // patch_size) * (w // patch_size) for h, w in sizes]
-    pixel_values = np.empty(
-        (sum(counts), _CHANNELS * temporal_patch_size * patch_size * patch_size), dtype=np.uint8
-    )
+    # Made where the core hands outputs back from (a worker process's shared block): not copied.
+    pixel_values = output_tensor(
+        (sum(counts), _CHANNELS * temporal_patch_size * patch_size * patch_size)
+    ).numpy()
     grid_thw = np.array(
         [(1, h // patch_size, w // patch_size) for h, w in sizes], dtype=np.int64
     ).reshape(len(batch), 3)

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from mmproc.plugin import rgbx_pixels
+from mmproc.plugin import output_tensor, rgbx_pixels
 from PIL import Image
 
 from mmproc_qwen_vl.image_fast_path import copy_patches, resized_sizes, to_rgb
@@ -232,8 +232,9 @@ def patchify_uint8_torch(
 
     grids = [(1, h // patch_size, w // patch_size) for h, w in sizes]
     counts = [gh * gw for _, gh, gw in grids]
-    pixel_values = torch.empty(
-        (sum(counts), _CHANNELS * temporal_patch_size * patch_size * patch_size), dtype=torch.uint8
+    # Made where the core hands outputs back from (a worker process's shared block): not copied.
+    pixel_values = output_tensor(
+        (sum(counts), _CHANNELS * temporal_patch_size * patch_size * patch_size), torch.uint8
     )
     image_grid_thw = torch.tensor(grids, dtype=torch.long).reshape(len(batch), 3)
 
