@@ -38,7 +38,9 @@ each) with thread workers against process workers (``worker_kind="process"``) at
 ``--kind-workers`` (default 1 2), on the qwen_vl plugin's demo folder, twice as many callers as
 workers, the two kinds open side by side and measured in alternating rounds (the ratio is the
 median of the rounds' ratios); with the process workers' start-up seconds and resident memory
-each. The target on this machine: process workers at 2 >= 0.9x thread workers at 2.
+each. Its rounds are 256 requests unless ``--requests`` says otherwise: rounds of a few tenths of
+a second gave ratios 0.15x apart from run to run. The target on this machine: process workers
+at 2 >= 0.9x thread workers at 2.
 
 Run: ``.venv/bin/python benchmarks/workers.py [--requests 32] [--repeats 5] [--device cpu]``.
 """
@@ -464,7 +466,9 @@ def bench_kinds(backend: str, counts: list[int], requests: int, repeats: int) ->
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; prints the tables and the ratios against their targets."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=32, help="requests per measurement")
+    parser.add_argument(
+        "--requests", type=int, help="requests per measurement (default 32; 256 with --kinds)"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="measurements per configuration")
     parser.add_argument("--backends", nargs="+", default=["pil", "torchvision"])
     parser.add_argument(
@@ -501,8 +505,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.kinds:
         for backend in args.backends:
-            bench_kinds(backend, args.kind_workers, args.requests, args.repeats)
+            bench_kinds(backend, args.kind_workers, args.requests or 256, args.repeats)
         return 0
+    if args.requests is None:
+        args.requests = 32
 
     import torch
 
