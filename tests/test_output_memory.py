@@ -70,3 +70,11 @@ def test_the_arena_finds_arrays_only_in_the_part_it_handed_out() -> None:
 @pytest.mark.parametrize(("offset", "expected"), [(0, 0), (1, ALIGN), (ALIGN, ALIGN)])
 def test_offsets_are_rounded_up_to_a_cache_line(offset: int, expected: int) -> None:
     assert aligned(offset) == expected
+
+
+def test_a_dtype_that_is_not_torchs_is_refused_by_name_inside_a_worker_and_out() -> None:
+    with pytest.raises(TypeError, match=r"output_tensor: dtype must be a torch\.dtype"):
+        output_tensor((2, 2), np.uint8)  # type: ignore[arg-type]
+    with outputs_in(memoryview(bytearray(64))):
+        with pytest.raises(TypeError, match=r"output_tensor: dtype must be a torch\.dtype"):
+            output_tensor((2, 2), "uint8")  # type: ignore[arg-type]

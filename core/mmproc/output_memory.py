@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,7 +84,7 @@ def outputs_in(buffer: memoryview | None) -> Iterator[OutputArena | None]:
         _ARENA.reset(token)
 
 
-def output_tensor(shape: Sequence[int], dtype: Any = None) -> torch.Tensor:
+def output_tensor(shape: Sequence[int], dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new, uninitialised tensor for an output the plugin fills itself (default dtype uint8).
 
     Use it for a large output a hook returns from ``process_mm_data`` (the patches of an image
@@ -96,6 +96,8 @@ def output_tensor(shape: Sequence[int], dtype: Any = None) -> torch.Tensor:
     import torch
 
     dtype = torch.uint8 if dtype is None else dtype
+    if not isinstance(dtype, torch.dtype):  # a numpy dtype would fail only inside a worker
+        raise TypeError(f"output_tensor: dtype must be a torch.dtype, not {dtype!r}")
     arena = _ARENA.get()
     made = None if arena is None else arena.tensor(shape, dtype)
     return made if made is not None else torch.empty(tuple(shape), dtype=dtype)
