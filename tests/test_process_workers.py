@@ -537,24 +537,33 @@ def test_outputs_of_every_size_and_dtype_come_back_bit_for_bit() -> None:
     assert call_blocks() == []
 
 
-def made_in_the_outbox(size: int) -> tuple[KeptBlock, AttachedBlocks, dict, OutputArena | None]:
-    """A worker's outputs block of ``size`` bytes, patches made in it with ``output_tensor``
-    while it is the call's arena, and outputs holding those patches and a tensor made elsewhere."""
+@contextlib.contextmanager
+def made_in_an_outbox(
+    size: int,
+) -> Iterator[tuple[AttachedBlocks, tuple[str, int], dict, OutputArena]]:
+    """A worker's outputs block of ``size`` bytes or more (its name and size: the outbox), patches
+    made in it with ``output_tensor`` while it is the call's arena, and outputs holding those
+    patches and a tensor made elsewhere; the block unmapped and unlinked afterwards."""
     kept = KeptBlock(97, "out")
     block = kept.fitted(size)
     assert block is not None
     attached = AttachedBlocks()
-    with outputs_in(attached("out", block.name).buf) as arena:
-        patches = output_tensor((6, 40))
-        patches.copy_(torch.arange(240, dtype=torch.uint8).reshape(6, 40))
-    grid = torch.tensor([[1, 2, 3]], dtype=torch.int64)
-    outputs = {
-        "image": [
-            {"pixel_values": patches[:2], "image_grid_thw": grid},
-            {"pixel_values": patches[2:], "image_grid_thw": grid + 1},
-        ]
-    }
-    return kept, attached, outputs, arena
+    try:
+        with outputs_in(attached("out", block.name).buf) as arena:
+            patches = output_tensor((6, 40))
+            patches.copy_(torch.arange(240, dtype=torch.uint8).reshape(6, 40))
+        assert arena is not None
+        grid = torch.tensor([[1, 2, 3]], dtype=torch.int64)
+        outputs = {
+            "image": [
+                {"pixel_values": patches[:2], "image_grid_thw": grid},
+                {"pixel_values": patches[2:], "image_grid_thw": grid + 1},
+            ]
+        }
+        yield attached, (block.name, block.size), outputs, arena
+    finally:
+        attached.forget([block.name])
+        kept.drop()
 
 
 def read_back(at: tuple[str, bool, int], layout: list, attached: AttachedBlocks) -> dict:
@@ -572,12 +581,10 @@ def read_back(at: tuple[str, bool, int], layout: list, attached: AttachedBlocks)
 
 
 def test_outputs_made_in_the_outbox_stay_where_they_are_and_the_rest_go_after_them() -> None:
-    kept, attached, outputs, arena = made_in_the_outbox(4096)
-    assert arena is not None and arena.used == 240
-    outbox = (kept.block.name, kept.block.size)  # type: ignore[union-attr]
-    _, name = call_block_names()
-    at, layout = write_outputs(outputs, name, attached=attached, outbox=outbox, arena=arena)
-    try:
+    with made_in_an_outbox(4096) as (attached, outbox, outputs, arena):
+        assert arena.used == 240
+        _, name = call_block_names()
+        at, layout = write_outputs(outputs, name, attached=attached, outbox=outbox, arena=arena)
         assert at is not None and at[0] == outbox[0] and at[1]  # the outbox: no block of its own
         ((modality, entries),) = layout
         assert modality == "image"
@@ -589,20 +596,14 @@ def test_outputs_made_in_the_outbox_stay_where_they_are_and_the_rest_go_after_th
             assert torch.equal(got["pixel_values"], given["pixel_values"])
             assert torch.equal(got["image_grid_thw"], given["image_grid_thw"])
         assert call_blocks() == []
-    finally:
-        del outputs, arena
-        attached.forget([outbox[0]])
-        kept.drop()
 
 
 def test_outputs_made_in_the_outbox_move_with_the_rest_when_the_rest_do_not_fit() -> None:
-    kept, attached, outputs, arena = made_in_the_outbox(300)
-    size = kept.block.size  # type: ignore[union-attr]
-    outputs["image"][0]["mask"] = torch.ones(size, dtype=torch.bool)  # no room left after them
-    outbox = (kept.block.name, size)  # type: ignore[union-attr]
-    _, name = call_block_names()
-    at, layout = write_outputs(outputs, name, attached=attached, outbox=outbox, arena=arena)
-    try:
+    with made_in_an_outbox(300) as (attached, outbox, outputs, arena):
+        # No room left after them.
+        outputs["image"][0]["mask"] = torch.ones(outbox[1], dtype=torch.bool)
+        _, name = call_block_names()
+        at, layout = write_outputs(outputs, name, attached=attached, outbox=outbox, arena=arena)
         assert at is not None and at[0] == name and not at[1]  # a block of the call's own
         assert layout[0][1][0]["pixel_values"][3] == 0  # placed again, from the start
         back = read_back(at, layout, attached)
@@ -610,10 +611,6 @@ def test_outputs_made_in_the_outbox_move_with_the_rest_when_the_rest_do_not_fit(
             assert set(got) == set(given)
             assert all(torch.equal(got[key], given[key]) for key in given)
         assert call_blocks() == []
-    finally:
-        del outputs, arena
-        attached.forget([outbox[0]])
-        kept.drop()
 
 
 def test_outputs_that_cannot_be_sent_back_are_answered_with_an_error_and_freed() -> None:
