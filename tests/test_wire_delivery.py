@@ -460,3 +460,50 @@ def test_a_receiver_killed_mid_stream_while_items_go_by_reference_loses_nothing_
         assert len(set(ids)) == len(ids)
     # Items went by reference, and the new engine's missing items cost sends in full.
     assert stats.items_by_reference > 0 and stats.resent_in_full >= 1
+
+
+def test_wait_for_replies_returns_when_the_acknowledgement_comes_not_at_its_timeout(
+    ipc_address: str,
+) -> None:
+    with RequestReceiver(ipc_address) as receiver, RequestSender(ipc_address) as sender:
+        sender.send(make_request("late"), timeout=WAIT)
+        acknowledger = threading.Timer(0.3, lambda: receiver.recv(timeout=WAIT))
+        acknowledger.start()
+        start = time.monotonic()
+        while sender.unacknowledged and time.monotonic() - start < WAIT:
+            sender.wait_for_replies(WAIT)
+        waited = time.monotonic() - start
+        acknowledger.join()
+        assert sender.unacknowledged == [] and sender.acknowledged == 1
+        assert waited < WAIT / 2  # woken by the reply, not by running out of time
+
+
+def test_wait_for_replies_ends_when_its_wake_descriptor_is_written(ipc_address: str) -> None:
+    read, write = os.pipe()
+    try:
+        with RequestSender(ipc_address) as sender:
+            threading.Timer(0.2, os.write, (write, b"\0")).start()
+            start = time.monotonic()
+            sender.wait_for_replies(WAIT, read)
+            assert time.monotonic() - start < WAIT / 2
+            sender.close()
+            with pytest.raises(RuntimeError, match="closed"):
+                sender.wait_for_replies(0.1)
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_wait_for_replies_leaves_the_sender_to_other_threads_while_it_waits(
+    ipc_address: str,
+) -> None:
+    with RequestReceiver(ipc_address) as receiver, RequestSender(ipc_address) as sender:
+        waiter = threading.Thread(target=sender.wait_for_replies, args=(2.0,))
+        waiter.start()
+        time.sleep(0.1)
+        start = time.monotonic()
+        sender.send(make_request("meanwhile"), timeout=WAIT)  # not held up by the wait
+        sent_after = time.monotonic() - start
+        waiter.join()
+        assert sent_after < 1.0
+        assert receiver.recv(timeout=WAIT) is not None

@@ -251,7 +251,7 @@ class _Server:
             if settings.engine_max_attempts is not None:
                 options["max_attempts"] = settings.engine_max_attempts
             self.engine = EngineLink(settings.engine, **options)
-            self.metrics.watch_engine(self.engine.sender)
+            self.metrics.watch_engine(self.engine)
         try:
             yield
         finally:

@@ -2,11 +2,14 @@
 answered once the engine has acknowledged its request (or refused it, or never did).
 
 :class:`EngineLink` owns one :class:`mmproc.wire.RequestSender` (zero-copy tensor frames,
-acknowledged delivery with re-sends). A thread of its own keeps the sender serviced (reading
-acknowledgements, re-sending what is overdue) and settles the future of each request: done
-when acknowledged, failed with :class:`EngineRefused` when the receiver refused it or every
+acknowledged delivery with re-sends) and one thread that drives it: the thread sends each
+request handed to it, then waits for what comes back (`RequestSender.wait_for_replies`: woken
+by a reply, a re-send coming due, or a new request) and settles the future of each request:
+done when acknowledged, failed with :class:`EngineRefused` when the receiver refused it or every
 attempt went unacknowledged. An HTTP request is never answered with a success the engine did
-not acknowledge.
+not acknowledge. One thread doing all of it, woken only when something happened, keeps the
+link's cost per request to one send and one wake-up, where a sender shared by the event loop's
+executor threads and a thread polling for replies would hand the GIL about many times.
 
 Requests go to the engine under ids of the link's own (:meth:`EngineLink.new_request_id`: the
 client's id and a suffix no other request of this server has), since clients choose theirs and
@@ -16,17 +19,28 @@ two requests in flight under one id could not be told apart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
 import secrets
 import threading
-from dataclasses import dataclass
+import time
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
-from mmproc.wire import DeliveryFailure, EngineRequest, RequestSender
+from mmproc.errors import EncodeError
+from mmproc.wire import DeliveryFailure, EngineRequest, RequestSender, SenderStats
 
 __all__ = ["EngineLink", "EngineRefused"]
 
-_SERVICE_SLICE = 0.002  # seconds the servicing thread waits for replies at a time
+# Seconds one attempt to send waits for room (an engine connected, a place in the window or the
+# queue): the link's thread reads replies and settles requests between attempts.
+_SEND_SLICE = 0.05
+# The longest wait for replies: requests in flight, then none. Replies wake the wait as they
+# come; this only bounds a wake-up lost to another thread reading the socket's events.
+_BUSY_WAIT = 0.02
+_IDLE_WAIT = 0.5
 
 
 class EngineRefused(Exception):
@@ -40,14 +54,21 @@ class EngineRefused(Exception):
         self.refused = refused
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Waiting:
     """An HTTP request waiting for the engine's answer to its engine request."""
 
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[None]
+    request: EngineRequest | None  # until it is sent
+    timeout: float | None
+    deadline: float | None = field(init=False)
     sent: bool = False  # the sender's ledger holds it (its send returned)
+    abandoned: bool = False  # its HTTP side went away: not sent if not sent yet
     failure: DeliveryFailure | None = None
+
+    def __post_init__(self) -> None:
+        self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
 
 
 class EngineLink:
@@ -58,19 +79,28 @@ class EngineLink:
         self._sender = RequestSender(address, **sender_options)
         self._lock = threading.Lock()
         self._waiting: dict[str, _Waiting] = {}  # by engine request id
+        self._queue: deque[_Waiting] = deque()  # handed over, not sent yet
         self._tag = secrets.token_hex(4)  # this link's, so that ids differ across restarts too
         self._numbers = itertools.count(1)
-        self._wake = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._signalled = False  # a byte is in the pipe (or about to be)
         self._stopping = False
-        self._thread = threading.Thread(
-            target=self._service, name="mmproc-engine-link", daemon=True
-        )
+        self._stats = self._sender.stats
+        self._thread = threading.Thread(target=self._run, name="mmproc-engine-link", daemon=True)
         self._thread.start()
 
     @property
     def sender(self) -> RequestSender:
-        """The wire sender (its counters: ``acknowledged``, ``resent``, ...)."""
+        """The wire sender (driven by the link's thread; read its counters through `stats`)."""
         return self._sender
+
+    @property
+    def stats(self) -> SenderStats:
+        """The sender's counters as the link's thread last read them: after every send, reply
+        and settled request, so never older than the answers already given."""
+        return self._stats
 
     def new_request_id(self, request_id: str) -> str:
         """An id to send a request under: ``request_id`` with a suffix that no other id this
@@ -82,79 +112,166 @@ class EngineLink:
         acknowledges it.
 
         Raises:
-            EngineRefused: the receiver refused it, or it went unacknowledged.
+            EngineRefused: the receiver refused it, or it went unacknowledged, or the link is
+                closing.
             TimeoutError: it could not be sent within ``timeout`` (no engine connected, or the
                 window of unsettled requests is full).
+            EncodeError: the request cannot be encoded.
             ValueError: a request with that id is in flight already.
         """
         loop = asyncio.get_running_loop()
-        waiting = _Waiting(loop, loop.create_future())
+        waiting = _Waiting(loop, loop.create_future(), request, timeout)
         request_id = request.request_id
         with self._lock:
+            if self._stopping:
+                raise EngineRefused(request_id, "the server is shutting down", refused=False)
             if request_id in self._waiting:
                 raise ValueError(f"engine request {request_id!r} is in flight already")
             # Registered before it is sent, so that a refusal read meanwhile is kept for it.
             self._waiting[request_id] = waiting
+            self._queue.append(waiting)
+            wake = not self._signalled
+            self._signalled = True
+        if wake:
+            self._wake()
         try:
-            await loop.run_in_executor(None, lambda: self._sender.send(request, timeout=timeout))
-            with self._lock:
-                waiting.sent = True
-            self._wake.set()
             await waiting.future
         finally:
             with self._lock:
+                waiting.abandoned = True
+                waiting.request = None
                 if self._waiting.get(request_id) is waiting:
                     del self._waiting[request_id]
 
-    def _service(self) -> None:
-        while not self._stopping:
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):  # full: it is awake already
+            os.write(self._wake_write, b"\0")
+
+    def _run(self) -> None:
+        sender = self._sender
+        while True:
+            # Emptied before the queue is taken: a request queued after this is woken for.
+            with contextlib.suppress(BlockingIOError, OSError):
+                while os.read(self._wake_read, 4096):
+                    pass
             with self._lock:
-                # Only requests the ledger held before the snapshot below can be judged by it.
-                sent = [(rid, w) for rid, w in self._waiting.items() if w.sent]
-            if not sent:
-                self._wake.wait(0.05 if not self._waiting else _SERVICE_SLICE)
-                self._wake.clear()
-                continue
+                if self._stopping:
+                    return
+                queued = list(self._queue)
+                self._queue.clear()
+                self._signalled = False
             try:
-                self._sender.flush(timeout=_SERVICE_SLICE)
-                # Outstanding first, failures second: a request that left the ledger before the
-                # snapshot has its failure, if it had one, among those taken after it.
-                outstanding = set(self._sender.unacknowledged)
-                failures = self._sender.take_failures()
+                unsent = self._send_all(queued)
+                self._settle_sent()
+                busy = bool(self._waiting)
+                wait = 0.0 if unsent else _BUSY_WAIT if busy else _IDLE_WAIT
+                sender.wait_for_replies(wait, self._wake_read)
             except RuntimeError:
                 return  # closed
-            settled: list[tuple[str, _Waiting]] = []
+
+    def _send_all(self, queued: list[_Waiting]) -> bool:
+        """Send the requests handed over, in order; those that find no room within a slice go
+        back to the front of the queue. Returns whether some did."""
+        for index, waiting in enumerate(queued):
             with self._lock:
-                for failure in failures:
-                    # A failure of no request waiting here (its HTTP side went away) is dropped.
-                    found = self._waiting.get(failure.request_id)
-                    if found is not None and found.failure is None:
-                        found.failure = failure
-                for request_id, waiting in sent:
-                    # Settled: refused or given up on (a failure came), or acknowledged (it left
-                    # the ledger, and the sender reports every request that leaves it unacked).
-                    if waiting.failure is not None or request_id not in outstanding:
-                        settled.append((request_id, waiting))
-                        if self._waiting.get(request_id) is waiting:
-                            del self._waiting[request_id]
-            for request_id, waiting in settled:
-                error = None
-                if waiting.failure is not None:
-                    failure = waiting.failure
-                    error = EngineRefused(request_id, failure.reason, refused=failure.refused)
-                waiting.loop.call_soon_threadsafe(_settle, waiting.future, error)
+                request = None if waiting.abandoned else waiting.request
+            if request is None:
+                continue
+            now = time.monotonic()
+            remaining = None if waiting.deadline is None else waiting.deadline - now
+            try:
+                self._sender.send(
+                    request,
+                    timeout=_SEND_SLICE
+                    if remaining is None
+                    else max(0.0, min(_SEND_SLICE, remaining)),
+                )
+            except TimeoutError:
+                if remaining is not None and remaining <= _SEND_SLICE:
+                    self._fail(
+                        waiting,
+                        TimeoutError(
+                            f"engine request {request.request_id} was not sent within "
+                            f"{waiting.timeout:g} s: no engine at {self.address} took it (none "
+                            "connected, or its queue or the window of unacknowledged requests full)"
+                        ),
+                    )
+                    continue
+                with self._lock:
+                    self._queue.extendleft(reversed(queued[index:]))
+                return True
+            except (EncodeError, ValueError, TypeError) as exc:
+                self._fail(waiting, exc)
+                continue
+            with self._lock:
+                waiting.sent = True
+                waiting.request = None
+        return False
+
+    def _settle_sent(self) -> None:
+        sender = self._sender
+        with self._lock:
+            # Only requests the ledger held before the snapshot below can be judged by it.
+            sent = [(rid, w) for rid, w in self._waiting.items() if w.sent]
+        if not sent:
+            self._stats = sender.stats
+            return
+        # Outstanding first, failures second: a request that left the ledger before the
+        # snapshot has its failure, if it had one, among those taken after it.
+        outstanding = set(sender.unacknowledged)
+        failures = sender.take_failures()
+        settled: list[tuple[str, _Waiting]] = []
+        with self._lock:
+            for failure in failures:
+                # A failure of no request waiting here (its HTTP side went away) is dropped.
+                found = self._waiting.get(failure.request_id)
+                if found is not None and found.failure is None:
+                    found.failure = failure
+            for request_id, waiting in sent:
+                # Settled: refused or given up on (a failure came), or acknowledged (it left
+                # the ledger, and the sender reports every request that leaves it unacked).
+                if waiting.failure is not None or request_id not in outstanding:
+                    settled.append((request_id, waiting))
+                    if self._waiting.get(request_id) is waiting:
+                        del self._waiting[request_id]
+        # Before the answers: a client that reads /metrics after its answer sees it counted.
+        self._stats = sender.stats
+        for request_id, waiting in settled:
+            error = None
+            if waiting.failure is not None:
+                failure = waiting.failure
+                error = EngineRefused(request_id, failure.reason, refused=failure.refused)
+            self._settle(waiting, error)
+
+    def _fail(self, waiting: _Waiting, error: BaseException) -> None:
+        with self._lock:
+            request_id = None if waiting.request is None else waiting.request.request_id
+            waiting.request = None
+            if request_id is not None and self._waiting.get(request_id) is waiting:
+                del self._waiting[request_id]
+        self._settle(waiting, error)
+
+    @staticmethod
+    def _settle(waiting: _Waiting, error: BaseException | None) -> None:
+        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits any more
+            waiting.loop.call_soon_threadsafe(_settle, waiting.future, error)
 
     def close(self) -> None:
-        """Stop servicing and close the sender (requests still waiting fail)."""
-        self._stopping = True
-        self._wake.set()
+        """Stop the link's thread and close the sender (requests still waiting fail)."""
+        with self._lock:
+            self._stopping = True
+        self._wake()
         self._thread.join(timeout=5)
         with self._lock:
             waiting, self._waiting = self._waiting, {}
+            self._queue.clear()
         for request_id, entry in waiting.items():
             error = EngineRefused(request_id, "the server is shutting down", refused=False)
-            entry.loop.call_soon_threadsafe(_settle, entry.future, error)
+            self._settle(entry, error)
         self._sender.close()
+        for descriptor in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -100,7 +100,8 @@ class ServerMetrics:
         self.registry.register(_CacheCollector(processor))
 
     def watch_engine(self, sender: Any) -> None:
-        """Export ``sender``'s counters (a `RequestSender`) with the server's."""
+        """Export ``sender``'s wire counters (its ``stats``, a `SenderStats`: a `RequestSender`
+        or the engine link's snapshot of one) with the server's."""
         self.registry.register(_SenderCollector(sender))
 
     def observe(self, endpoint: str, stage: str, seconds: float) -> None:

@@ -654,6 +654,38 @@ class RequestSender(_Endpoint):
             self._prune()
         return not failed
 
+    def wait_for_replies(self, timeout: float, wake: int | None = None) -> None:
+        """Wait until a reply may have arrived, a request is due to be sent again, the file
+        descriptor ``wake`` is readable or ``timeout`` seconds have passed; then read the replies
+        and re-send what is overdue, as every call does.
+
+        For a thread that drives the sender (sends, then waits for what comes back): unlike the
+        sender's other waits it does not hold the lock while it waits, so other threads' calls
+        go on meanwhile. ``wake`` lets another thread end the wait (a pipe it writes to); it is
+        not read here. Raises ``RuntimeError`` once closed.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"RequestSender for {self._address} is closed")
+            self._service()
+            # ZMQ's descriptor is edge-triggered: readable once something may have changed since
+            # the socket's events were last read, which _service has just done.
+            descriptor = int(self._socket.getsockopt(zmq.FD))
+            wait = min(timeout, max(0.0, self._ledger.next_due - time.monotonic()))
+        if wait > 0:
+            poller = select.poll()
+            poller.register(descriptor, select.POLLIN)
+            if wake is not None:
+                poller.register(wake, select.POLLIN)
+            try:
+                poller.poll(math.ceil(wait * 1000))  # never 0 ms: a wait, not a spin
+            except OSError:
+                pass  # closed meanwhile: seen below
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"RequestSender for {self._address} is closed")
+            self._service()
+
     def close(self) -> None:
         """Close the socket, letting queued messages drain for up to ``linger`` seconds; then the
         frames are released, and requests not yet acknowledged are forgotten (`flush` first to

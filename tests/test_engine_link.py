@@ -1,0 +1,155 @@
+"""The native path's link to the engine (`mmproc.serve.engine_link`): one thread sends what the
+server hands it and settles each request by the engine's answer. Real sockets, a real
+RequestReceiver."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+from mmproc.serve.engine_link import EngineLink, EngineRefused
+from mmproc.wire import EngineRequest, RequestReceiver, WireFeature
+
+# Generous: only reached when something is broken, never a measure of speed.
+WAIT = 10.0
+
+
+def make_request(request_id: str) -> EngineRequest:
+    pixels = torch.full((16, 12), len(request_id), dtype=torch.uint8)
+    feature = WireFeature("image", 0, f"h-{request_id}", 0, 2, None, {"pixel_values": pixels})
+    return EngineRequest(request_id, [1, 2, 3], [feature])
+
+
+def receive_all(receiver: RequestReceiver, count: int, into: list[str]) -> threading.Thread:
+    """A thread taking (and so acknowledging) ``count`` requests, their ids put ``into``."""
+
+    def take() -> None:
+        deadline = time.monotonic() + WAIT
+        while len(into) < count and time.monotonic() < deadline:
+            request = receiver.recv(timeout=0.1)
+            if request is not None:
+                into.append(request.request_id)
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    return thread
+
+
+def test_concurrent_requests_are_each_answered_once_the_engine_acknowledges_them(
+    ipc_address: str,
+) -> None:
+    taken: list[str] = []
+    with RequestReceiver(ipc_address, bind=True) as receiver:
+        link = EngineLink(ipc_address)
+        try:
+            ids = [link.new_request_id("chat") for _ in range(40)]
+            engine = receive_all(receiver, len(ids), taken)
+
+            async def send_all() -> None:
+                await asyncio.gather(*(link.send(make_request(i), timeout=WAIT) for i in ids))
+
+            asyncio.run(send_all())
+            engine.join()
+            assert sorted(taken) == sorted(ids)
+            stats = link.stats  # read before the answers were given: counts every one
+            assert stats.acknowledged == len(ids) and stats.requests == len(ids)
+            assert stats.unsettled == 0
+        finally:
+            link.close()
+
+
+def test_a_request_waits_for_an_engine_that_binds_later_within_its_timeout(
+    ipc_address: str,
+) -> None:
+    link = EngineLink(ipc_address)
+    taken: list[str] = []
+    try:
+
+        async def send_then_bind() -> None:
+            sending = asyncio.ensure_future(link.send(make_request("early"), timeout=WAIT))
+            await asyncio.sleep(0.3)  # no engine yet: the link keeps trying
+            assert not sending.done()
+            with RequestReceiver(ipc_address, bind=True) as receiver:
+                engine = receive_all(receiver, 1, taken)
+                await sending
+                engine.join()
+
+        asyncio.run(send_then_bind())
+        assert taken == ["early"]
+    finally:
+        link.close()
+
+
+def test_no_engine_within_the_timeout_is_a_timeout_naming_the_address_and_the_link_goes_on(
+    ipc_address: str,
+) -> None:
+    link = EngineLink(ipc_address)
+    try:
+        with pytest.raises(TimeoutError, match=r"not sent within 0\.3 s: no engine at ipc://"):
+            asyncio.run(link.send(make_request("lonely"), timeout=0.3))
+        taken: list[str] = []
+        with RequestReceiver(ipc_address, bind=True) as receiver:
+            engine = receive_all(receiver, 1, taken)
+            asyncio.run(link.send(make_request("later"), timeout=WAIT))
+            engine.join()
+        assert taken == ["later"]  # the one that timed out was never sent
+    finally:
+        link.close()
+
+
+def test_a_request_whose_caller_went_away_before_it_was_sent_is_never_sent(
+    ipc_address: str,
+) -> None:
+    link = EngineLink(ipc_address)
+    try:
+
+        async def give_up() -> None:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(link.send(make_request("gone"), timeout=WAIT), 0.2)
+
+        asyncio.run(give_up())
+        with RequestReceiver(ipc_address, bind=True) as receiver:
+            assert receiver.recv(timeout=1.0) is None
+    finally:
+        link.close()
+
+
+def test_closing_fails_the_requests_in_flight_and_refuses_new_ones(ipc_address: str) -> None:
+    # An engine that takes requests but never acknowledges them.
+    with RequestReceiver(ipc_address, bind=True, auto_ack=False) as receiver:
+        link = EngineLink(ipc_address)
+
+        async def close_under_a_request() -> None:
+            sending = asyncio.ensure_future(link.send(make_request("held"), timeout=WAIT))
+            delivery = await asyncio.to_thread(receiver.recv_delivery, WAIT)
+            assert delivery is not None
+            link.close()
+            with pytest.raises(EngineRefused, match="shutting down"):
+                await sending
+            with pytest.raises(EngineRefused, match="shutting down"):
+                await link.send(make_request("after"), timeout=WAIT)
+
+        asyncio.run(close_under_a_request())
+
+
+def test_a_request_id_in_flight_twice_is_refused(ipc_address: str) -> None:
+    with RequestReceiver(ipc_address, bind=True, auto_ack=False) as receiver:
+        link = EngineLink(ipc_address)
+        try:
+
+            async def twice() -> None:
+                first = asyncio.ensure_future(link.send(make_request("dup"), timeout=WAIT))
+                await asyncio.sleep(0)
+                with pytest.raises(ValueError, match="in flight already"):
+                    await link.send(make_request("dup"), timeout=WAIT)
+                delivery = await asyncio.to_thread(receiver.recv_delivery, WAIT)
+                assert delivery is not None
+                receiver.ack(delivery)
+                await first
+
+            asyncio.run(twice())
+        finally:
+            link.close()
