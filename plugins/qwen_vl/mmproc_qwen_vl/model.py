@@ -15,6 +15,7 @@ for torchvision on the CPU). The pieces other plugins of Qwen2-VL-style models u
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -250,16 +251,29 @@ class Qwen3VLModel(QwenHooks):
     ) -> Sequence[PromptUpdate]:
         """Each ``<|image_pad|>`` becomes ``prod(grid) / merge_size**2`` pads; each
         ``<|video_pad|>`` its timestamped blocks (:func:`video_tokens`), of which only the pads
-        receive the video's embeddings."""
+        receive the video's embeddings, and with them the ``<|vision_start|>`` and
+        ``<|vision_end|>`` around it when it has them.
+
+        Every block has a start and an end of its own, so ``Qwen3VLProcessor`` (transformers 5.25
+        on) drops the pair the chat template puts around the whole video; a pad written without
+        them is replaced alone. Of the two replacements below an item takes the earlier match,
+        which for a wrapped pad is the wrapper (it starts one token sooner)."""
         updates = grid_prompt_updates(processor, {"image": item_outputs.get("image", [])})
         videos, outputs = mm_items.get("video", []), item_outputs.get("video", [])
         if outputs:
             pad = int(processor.video_token_id)
+            wrapped = [
+                int(processor.vision_start_token_id),
+                pad,
+                int(processor.vision_end_token_id),
+            ]
 
+            @functools.cache
             def expand(index: int) -> PromptUpdateDetails:
                 grid = outputs[index]["video_grid_thw"]
                 tokens = video_tokens(processor, videos[index], grid, index)
                 return PromptUpdateDetails.select_token_id(tokens, pad)
 
+            updates.append(PromptReplacement("video", wrapped, expand))
             updates.append(PromptReplacement("video", [pad], expand))
         return updates

@@ -1,8 +1,9 @@
 """Qwen3-VL / Qwen3.5 videos: where each frame came from, and the timestamps the prompt shows.
 
-transformers' ``Qwen3VLProcessor`` (5.24) writes each video's placeholder as one block per
-temporal patch (a pair of frames): ``<t seconds><|vision_start|>`` + pads + ``<|vision_end|>``,
-where ``t`` is the mean time of the pair's two frames, each ``source index / source fps``,
+transformers' ``Qwen3VLProcessor`` (5.25) writes each video's placeholder as one block per
+temporal patch (a pair of frames): ``<t seconds><|vision_start|>`` + pads + ``<|vision_end|>``
+(the start and end around the placeholder itself dropped), where ``t`` is the mean time of the
+pair's two frames, each ``source index / source fps``,
 printed with one decimal (``f"{t:.1f}"``: 0.25 reads ``0.2``). An odd frame count repeats the
 last frame (its index too). The times come from the video's metadata:
 

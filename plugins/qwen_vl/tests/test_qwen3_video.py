@@ -238,13 +238,33 @@ def test_only_the_pads_of_a_video_are_its_embeddings(qwen3_processor: Any) -> No
         "<0.2 seconds><|vision_start|>" + "<|video_pad|>" * 4 + "<|vision_end|>"
         "<1.2 seconds><|vision_start|>" + "<|video_pad|>" * 4 + "<|vision_end|>"
     )
-    # The prompt's own start and end tokens stay outside the range, around it.
-    assert out.prompt_token_ids[r.offset - 1] == hf.vision_start_token_id
-    assert out.prompt_token_ids[r.offset + r.length] == hf.vision_end_token_id
+    # The start and end the prompt had around the video are gone (each block has its own):
+    # the prompt's own text is next to the range on both sides.
+    assert hf.tokenizer.decode(out.prompt_token_ids[: r.offset]).endswith("a")
+    assert hf.tokenizer.decode(out.prompt_token_ids[r.offset + r.length :]).startswith("b")
     types = out.prompt_outputs["mm_token_type_ids"].tolist()
     assert [i for i, t in enumerate(types) if t == 2] == [
         r.offset + i for i, embeds in enumerate(r.embed_mask()) if embeds
     ]
+
+
+def test_a_video_pad_with_and_one_without_its_start_and_end_are_expanded_as_transformers_does(
+    qwen3_processor: Any, qwen3_reference: Any
+) -> None:
+    processor, reference = qwen3_processor("qwen3_vl"), qwen3_reference("qwen3_vl")
+    videos = [
+        timed(noise_video(4, 64, 64, seed=31), [0, 5, 10, 15], 10.0),
+        timed(noise_video(2, 64, 48, seed=32), [0, 3], 6.0),
+    ]
+    # The bare pad comes first, so a bare match cannot be mistaken for the wrapped one's.
+    prompt = f"x<|video_pad|>y{VIDEO}z"
+    out = processor.process(prompt, {"video": videos})
+    assert_like(out, hf_call(reference, prompt, [], videos), reference)
+    tokenizer = processor.hf_processor.tokenizer
+    first, second = (feature.placeholder for feature in out.features)
+    assert (
+        tokenizer.decode(out.prompt_token_ids[first.offset + first.length : second.offset]) == "y"
+    )
 
 
 def test_a_video_s_timestamps_are_cached_with_it_and_other_metadata_is_another_item(
