@@ -25,6 +25,7 @@ import httpx
 import mmproc
 import msgpack
 import numpy as np
+import orjson
 import pytest
 import torch
 import uvicorn
@@ -181,6 +182,40 @@ def test_an_item_encoded_in_pieces_is_the_base64_of_the_whole(seed: int) -> None
     pieces = _base64_pieces(parts)
     assert b"".join(pieces) == base64.b64encode(b"".join(bytes(p) for p in parts))
     assert all(b"=" not in piece for piece in pieces[:-1])
+
+
+def test_an_answer_in_pieces_is_the_json_of_the_answer_with_its_items_joined() -> None:
+    from mmproc.serve.app import _json_pieces
+
+    items = {"image": [[b"QUJD", b"REVG"], [b"R0g="]], "audio": [[b"SUpL"]]}
+    metadata = {"image": [None, [b"e30="]], "audio": [None]}
+    answer = {
+        "request_id": '"1" and "12" echoed back',  # quotes and digits as markers have them
+        "token_ids": [1, 2, 3],
+        "features": {
+            "mm_hashes": {"image": ["a", "b"]},
+            "kwargs_data": items,
+            "mm_metadata": metadata,
+        },
+    }
+    pieces = _json_pieces(answer)
+    assert len(pieces) > 1  # the items are pieces of their own, never joined into a copy
+    joined = {m: ["".join(p.decode() for p in v) for v in vs] for m, vs in items.items()}
+    meta = {
+        m: [None if v is None else b"".join(v).decode() for v in vs] for m, vs in metadata.items()
+    }
+    expected = {
+        **answer,
+        "features": {**answer["features"], "kwargs_data": joined, "mm_metadata": meta},
+    }
+    assert orjson.loads(b"".join(pieces)) == expected
+
+
+def test_an_answer_without_items_is_one_piece() -> None:
+    from mmproc.serve.app import _json_pieces
+
+    answer = {"request_id": "r", "features": {"mm_hashes": {"image": ["a"]}, "kwargs_data": None}}
+    assert _json_pieces(answer) == [orjson.dumps(answer)]
 
 
 # --- the render endpoints -----------------------------------------------------------------------

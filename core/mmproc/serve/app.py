@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import re
 import secrets
 import threading
 import time
@@ -660,12 +659,16 @@ def _json_pieces(answer: dict[str, Any]) -> list[bytes]:
         if features.get(key):
             spliced[key] = {modality: marked(list(v)) for modality, v in features[key].items()}
     body = orjson.dumps({**answer, "features": spliced})
-    # re.split alternates the text between markers and the markers' item numbers.
-    split: list[bytes] = re.split(rb"(?<=\")" + nonce.encode() + rb"(\d+)(?=\")", body)
+    if not items:
+        return [body]
+    # Split on the nonce itself, not a pattern: a pattern made of it would be compiled anew for
+    # every request. Each piece after the first begins with its marker's item number.
+    split = body.split(nonce.encode())
     pieces = split[:1]
-    for i in range(1, len(split), 2):
-        pieces += items[int(split[i])]
-        pieces.append(split[i + 1])
+    for piece in split[1:]:
+        end = piece.index(b'"')
+        pieces += items[int(piece[:end])]
+        pieces.append(piece[end:])
     return pieces
 
 
