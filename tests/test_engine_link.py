@@ -153,3 +153,33 @@ def test_a_request_id_in_flight_twice_is_refused(ipc_address: str) -> None:
             asyncio.run(twice())
         finally:
             link.close()
+
+
+def test_a_repeated_item_goes_by_reference_and_only_the_link_s_thread_reads_the_replies(
+    ipc_address: str,
+) -> None:
+    taken: list[str] = []
+    with RequestReceiver(ipc_address, bind=True) as receiver:
+        link = EngineLink(ipc_address)
+        try:
+            engine = receive_all(receiver, 3, taken)
+
+            async def the_same_item_three_times() -> None:
+                for _ in range(3):
+                    # Big enough to be kept (mmproc.wire.items.MIN_ITEM_BYTES), the same content.
+                    pixels = torch.full((64, 128), 7, dtype=torch.uint8)
+                    feature = WireFeature(
+                        "image", 0, "h-same", 0, 2, None, {"pixel_values": pixels}
+                    )
+                    request = EngineRequest(link.new_request_id("turn"), [1, 2, 3], [feature])
+                    await link.send(request, timeout=WAIT)
+
+            asyncio.run(the_same_item_three_times())
+            engine.join()
+            assert len(taken) == 3
+            assert link.stats.items_by_reference == 2
+            # A watcher of the sender's would take the socket's wake-ups from the link's thread.
+            names = [thread.name for thread in threading.enumerate()]
+            assert not [name for name in names if name.startswith("mmproc-sender-replies")]
+        finally:
+            link.close()

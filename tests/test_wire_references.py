@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import msgpack
@@ -290,6 +291,33 @@ def test_an_item_the_receiver_evicted_since_is_sent_again_in_full_at_once(
         assert stats.items_in_full == 3 and sender.take_failures() == []
         assert receiver.stats.missing_items == 1 and receiver.bad_messages == 0
         assert receiver.stats.received == 3
+
+
+def test_a_sender_driven_through_wait_for_replies_sends_a_missing_item_in_full_on_its_own(
+    ipc_address: str,
+) -> None:
+    room_for_one = ITEM_BYTES + ITEM_ENTRY_BYTES
+    with (
+        RequestReceiver(ipc_address, item_cache_bytes=room_for_one) as receiver,
+        RequestSender(ipc_address, watch_replies=False) as sender,
+    ):
+        for request_id, seed in (("x", 1), ("y", 2)):
+            send_and_take(sender, receiver, chat_request(request_id, [seed]))
+        request = chat_request("x again", [1])  # by reference: the receiver has dropped it
+        taken: list[EngineRequest | None] = []
+        engine = threading.Thread(target=lambda: taken.append(receiver.recv(timeout=WAIT)))
+        engine.start()
+        sender.send(request, timeout=WAIT)
+        # No thread of the sender's reads the replies: the caller's waits do, and send again.
+        assert not [t for t in threading.enumerate() if t.name.startswith("mmproc-sender-replies")]
+        deadline = time.monotonic() + WAIT
+        while sender.unacknowledged and time.monotonic() < deadline:
+            sender.wait_for_replies(0.5)
+        engine.join()
+        assert_bit_correct(taken[0], request)
+        stats = sender.stats
+        assert (stats.items_by_reference, stats.resent_in_full, stats.acknowledged) == (1, 1, 3)
+        assert receiver.stats.missing_items == 1
 
 
 def connection_watch(sender: RequestSender) -> Callable[[], None]:

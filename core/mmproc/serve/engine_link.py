@@ -76,7 +76,9 @@ class EngineLink:
 
     def __init__(self, address: str, **sender_options: Any) -> None:
         self.address = address
-        self._sender = RequestSender(address, **sender_options)
+        # This link's thread reads every reply as it comes (`wait_for_replies`): the sender's own
+        # watcher would take the socket's wake-ups from it, and each reply would wait for a timeout.
+        self._sender = RequestSender(address, **sender_options, watch_replies=False)
         self._lock = threading.Lock()
         self._waiting: dict[str, _Waiting] = {}  # by engine request id
         self._queue: deque[_Waiting] = deque()  # handed over, not sent yet

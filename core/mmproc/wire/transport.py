@@ -280,6 +280,12 @@ class RequestSender(_Endpoint):
     receiver acknowledged holding goes again as a reference, not in full, while the items it
     holds fit in it (least recently sent first out). 0 sends every item in full. `stats` counts
     what went which way.
+
+    While requests sent by reference are unsettled, a thread of the sender's own reads the
+    replies (so that an item the receiver no longer holds is sent again in full at once, not at
+    the caller's next call). ``watch_replies=False`` leaves that to the caller: for a thread that
+    drives the sender and waits in `wait_for_replies`, which reads each reply as it comes. A
+    watcher there would only take the socket's wake-ups from it.
     """
 
     def __init__(
@@ -295,6 +301,7 @@ class RequestSender(_Endpoint):
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         window: int = DEFAULT_WINDOW,
         item_cache_bytes: int = DEFAULT_ITEM_CACHE_BYTES,
+        watch_replies: bool = True,
     ) -> None:
         _check_hwm("send_hwm", send_hwm)
         if linger < 0:
@@ -328,6 +335,7 @@ class RequestSender(_Endpoint):
         # Requests sent by reference and not settled yet, by sequence number; while there are
         # some, a thread of the sender's own reads the replies (`_watch_replies`).
         self._referring: set[int] = set()
+        self._watch_replies = watch_replies
         self._watching = threading.Event()
         self._watcher: threading.Thread | None = None
         # Messages ZMQ may still be reading from: the tracker and the frames (which keep the
@@ -471,7 +479,7 @@ class RequestSender(_Endpoint):
                 ledger.forget(entry)
                 raise
             self._counts.requests += 1
-            if references:
+            if references and self._watch_replies:
                 self._watch(entry)
             return tracker
 
