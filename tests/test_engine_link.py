@@ -183,3 +183,33 @@ def test_a_repeated_item_goes_by_reference_and_only_the_link_s_thread_reads_the_
             assert not [name for name in names if name.startswith("mmproc-sender-replies")]
         finally:
             link.close()
+
+
+def test_a_request_whose_send_fails_unexpectedly_fails_alone_and_the_next_is_sent(
+    ipc_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken: list[str] = []
+    with RequestReceiver(ipc_address, bind=True) as receiver:
+        link = EngineLink(ipc_address)
+        try:
+            send = link.sender.send
+
+            def fails_once(request: EngineRequest, **options: object) -> object:
+                if request.request_id == "broken":
+                    raise OSError("the socket went away")
+                return send(request, **options)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(link.sender, "send", fails_once)
+            engine = receive_all(receiver, 1, taken)
+
+            async def one_broken_one_fine() -> None:
+                # Bounded: a link whose thread died would never answer either.
+                with pytest.raises(EngineRefused, match="the socket went away"):
+                    await asyncio.wait_for(link.send(make_request("broken"), timeout=WAIT), WAIT)
+                await asyncio.wait_for(link.send(make_request("fine"), timeout=WAIT), WAIT)
+
+            asyncio.run(one_broken_one_fine())
+            engine.join()
+            assert taken == ["fine"]
+        finally:
+            link.close()

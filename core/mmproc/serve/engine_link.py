@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import secrets
 import threading
@@ -33,6 +34,8 @@ from mmproc.errors import EncodeError
 from mmproc.wire import DeliveryFailure, EngineRequest, RequestSender, SenderStats
 
 __all__ = ["EngineLink", "EngineRefused"]
+
+logger = logging.getLogger(__name__)
 
 # Seconds one attempt to send waits for room (an engine connected, a place in the window or the
 # queue): the link's thread reads replies and settles requests between attempts.
@@ -204,6 +207,14 @@ class EngineLink:
                 return True
             except (EncodeError, ValueError, TypeError) as exc:
                 self._fail(waiting, exc)
+                continue
+            except RuntimeError:
+                raise  # the sender is closed: the link stops
+            except Exception as exc:
+                # Whatever else one send raises fails that request alone: the thread carries
+                # every other request, and must not end with it.
+                logger.exception("engine request %s could not be sent", request.request_id)
+                self._fail(waiting, EngineRefused(request.request_id, repr(exc), refused=False))
                 continue
             with self._lock:
                 waiting.sent = True
