@@ -677,9 +677,12 @@ class RequestSender(_Endpoint):
                 raise RuntimeError(f"RequestSender for {self._address} is closed")
             self._service()
             # ZMQ's descriptor is edge-triggered: readable once something may have changed since
-            # the socket's events were last read, which _service has just done.
+            # the socket's events were last read. They are read here, last (a re-send in
+            # _service reads them too, and may have taken the edge of a reply that came).
             descriptor = int(self._socket.getsockopt(zmq.FD))
             wait = min(timeout, max(0.0, self._ledger.next_due - time.monotonic()))
+            if int(self._socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                wait = 0.0
         if wait > 0:
             poller = select.poll()
             poller.register(descriptor, select.POLLIN)

@@ -250,9 +250,9 @@ class Qwen3VLModel(QwenHooks):
         item_outputs: Mapping[str, Sequence[Mapping[str, Any]]],
     ) -> Sequence[PromptUpdate]:
         """Each ``<|image_pad|>`` becomes ``prod(grid) / merge_size**2`` pads; each
-        ``<|video_pad|>`` its timestamped blocks (:func:`video_tokens`), of which only the pads
-        receive the video's embeddings, and with them the ``<|vision_start|>`` and
-        ``<|vision_end|>`` around it when it has them.
+        ``<|video_pad|>``, together with the ``<|vision_start|>`` and ``<|vision_end|>`` around
+        it when it has them, becomes its timestamped blocks (:func:`video_tokens`), of which only
+        the pads receive the video's embeddings.
 
         Every block has a start and an end of its own, so ``Qwen3VLProcessor`` (transformers 5.25
         on) drops the pair the chat template puts around the whole video; a pad written without
