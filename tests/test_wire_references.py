@@ -4,10 +4,12 @@ receiver process killed mid-stream is in tests/test_wire_delivery.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import msgpack
 import pytest
@@ -273,17 +275,28 @@ def test_an_item_repeated_within_one_request_travels_once_even_to_a_receiver_kee
         assert sender.stats.items_in_full == 2 and sender.stats.resent == 0
 
 
-def test_an_item_the_receiver_evicted_since_is_sent_again_in_full_at_once(
-    ipc_address: str,
-) -> None:
+@contextlib.contextmanager
+def evicted_first_item(
+    ipc_address: str, **sender_options: Any
+) -> Iterator[tuple[RequestSender, RequestReceiver]]:
+    """A sender and a receiver with room for one item, after two requests of an item each: the
+    receiver has evicted the first item (seed 1), which the sender takes it to hold (it guesses
+    the default 1 GiB: wrong)."""
     room_for_one = ITEM_BYTES + ITEM_ENTRY_BYTES
     with (
         RequestReceiver(ipc_address, item_cache_bytes=room_for_one) as receiver,
-        RequestSender(ipc_address) as sender,  # guesses the default 1 GiB: wrong
+        RequestSender(ipc_address, **sender_options) as sender,
     ):
         for request_id, seed in (("x", 1), ("y", 2)):
             send_and_take(sender, receiver, chat_request(request_id, [seed]))
         assert sender.stats.items_held == 2 and receiver.stats.evictions == 1
+        yield sender, receiver
+
+
+def test_an_item_the_receiver_evicted_since_is_sent_again_in_full_at_once(
+    ipc_address: str,
+) -> None:
+    with evicted_first_item(ipc_address) as (sender, receiver):
         request = chat_request("x again", [1])  # by reference: the receiver has dropped it
         assert_bit_correct(send_and_take(sender, receiver, request), request)
         stats = sender.stats
@@ -296,13 +309,7 @@ def test_an_item_the_receiver_evicted_since_is_sent_again_in_full_at_once(
 def test_a_sender_driven_through_wait_for_replies_sends_a_missing_item_in_full_on_its_own(
     ipc_address: str,
 ) -> None:
-    room_for_one = ITEM_BYTES + ITEM_ENTRY_BYTES
-    with (
-        RequestReceiver(ipc_address, item_cache_bytes=room_for_one) as receiver,
-        RequestSender(ipc_address, watch_replies=False) as sender,
-    ):
-        for request_id, seed in (("x", 1), ("y", 2)):
-            send_and_take(sender, receiver, chat_request(request_id, [seed]))
+    with evicted_first_item(ipc_address, watch_replies=False) as (sender, receiver):
         request = chat_request("x again", [1])  # by reference: the receiver has dropped it
         taken: list[EngineRequest | None] = []
         engine = threading.Thread(target=lambda: taken.append(receiver.recv(timeout=WAIT)))

@@ -270,8 +270,11 @@ class EngineLink:
             waiting.loop.call_soon_threadsafe(_settle, waiting.future, error)
 
     def close(self) -> None:
-        """Stop the link's thread and close the sender (requests still waiting fail)."""
+        """Stop the link's thread and close the sender (requests still waiting fail); idempotent
+        (its pipe's descriptors are closed once: a second close could close others' files)."""
         with self._lock:
+            if self._stopping:
+                return
             self._stopping = True
         self._wake()
         self._thread.join(timeout=5)
