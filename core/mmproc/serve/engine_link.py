@@ -8,8 +8,8 @@ by a reply, a re-send coming due, or a new request) and settles the future of ea
 done when acknowledged, failed with :class:`EngineRefused` when the receiver refused it or every
 attempt went unacknowledged. An HTTP request is never answered with a success the engine did
 not acknowledge. One thread doing all of it, woken only when something happened, keeps the
-link's cost per request to one send and one wake-up, where a sender shared by the event loop's
-executor threads and a thread polling for replies would hand the GIL about many times.
+link's cost per request to one send and one wake-up; a sender shared by the event loop's
+executor threads and a thread polling for replies handed the GIL back and forth many times.
 
 Requests go to the engine under ids of the link's own (:meth:`EngineLink.new_request_id`: the
 client's id and a suffix no other request of this server has), since clients choose theirs and
@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 # queue): the link's thread reads replies and settles requests between attempts.
 _SEND_SLICE = 0.05
 # The longest wait for replies: requests in flight, then none. Replies wake the wait as they
-# come; this only bounds a wake-up lost to another thread reading the socket's events.
+# come (no other thread reads the socket: the sender's watcher is off), so these are only a
+# safeguard should a wake-up ever be missed, not the pace of the link.
 _BUSY_WAIT = 0.02
 _IDLE_WAIT = 0.5
 
