@@ -7,9 +7,10 @@ one server on the qwen_vl plugin's Qwen2-VL demo folder (``--native``: with an e
 process of its own, as ``benchmarks/serve.py`` does), then sends ``--batches`` batches of
 ``--requests`` new 1024x768 JPEG chat requests from ``--clients`` concurrent clients and prints,
 per batch: req/s, p99 latency, the server's user and system CPU per request (system time is
-mostly page faults here), its resident memory, and the engine's. ``--cache-gb`` sizes every
-cache (default: the server's own). Where the figures change as the memory grows, the cost of
-new memory shows: compare a run with default caches to one with ``--cache-gb 0.5``.
+mostly page faults here), the engine's CPU per request and the load generator's (all three
+share the machine's cores), and the server's and the engine's resident memory. ``--cache-gb``
+sizes every cache (default: the server's own). Where the figures change as the memory grows,
+the cost of new memory shows: compare a run with default caches to one with ``--cache-gb 0.5``.
 
 Run: ``.venv/bin/python benchmarks/serve_fill.py [--native] [--batches 5] [--cache-gb G]``.
 """
@@ -33,6 +34,11 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     """User and system CPU seconds of process ``pid`` so far (``/proc/PID/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+def engine_seconds(server: bench.Server) -> float:
+    """The CPU seconds (user and system) of ``server``'s engine so far; 0 without one."""
+    return 0.0 if server.engine is None else sum(cpu_seconds(server.engine.pid))
 
 
 def resident_mib(pid: int) -> int:
@@ -65,8 +71,11 @@ def main() -> None:
                 f"{server.name}, {args.clients} clients, {args.requests} new pictures a batch, "
                 f"{caches}\n"
             )
-            print("| batch | req/s | p99 ms | user ms/req | sys ms/req | server MiB | engine MiB |")
-            print("|---:|---:|---:|---:|---:|---:|---:|")
+            print(
+                "| batch | req/s | p99 ms | user ms/req | sys ms/req | engine ms/req "
+                "| client ms/req | server MiB | engine MiB |"
+            )
+            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             pid = server.process.pid
             for batch in range(args.batches):
                 first = 1_000_000 + batch * args.requests
@@ -75,15 +84,22 @@ def main() -> None:
                     for i in range(args.requests)
                 ]
                 user, system = cpu_seconds(pid)
+                engine_cpu = engine_seconds(server)
+                client = os.times()
                 row = asyncio.run(bench.load(server.port, bodies, args.clients, len(bodies)))
+                client_after = os.times()
                 user_after, system_after = cpu_seconds(pid)
                 per_request = 1e3 / len(bodies)
-                engine = "" if server.engine is None else str(resident_mib(server.engine.pid))
+                client_cpu = sum(client_after[:2]) - sum(client[:2])
+                engine_ms, engine_mib = "", ""
+                if server.engine is not None:
+                    engine_ms = f"{(engine_seconds(server) - engine_cpu) * per_request:.1f}"
+                    engine_mib = str(resident_mib(server.engine.pid))
                 print(
                     f"| {batch} | {row['rps']:.1f} | {row['p99']:.0f} "
                     f"| {(user_after - user) * per_request:.1f} "
-                    f"| {(system_after - system) * per_request:.1f} "
-                    f"| {resident_mib(pid)} | {engine} |",
+                    f"| {(system_after - system) * per_request:.1f} | {engine_ms} "
+                    f"| {client_cpu * per_request:.1f} | {resident_mib(pid)} | {engine_mib} |",
                     flush=True,
                 )
         finally:

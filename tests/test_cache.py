@@ -12,6 +12,7 @@ import torch
 from mmproc.cache import (
     CACHE_BYTES_ENV,
     DEFAULT_CACHE_BYTES,
+    STAND_IN_BYTES,
     CachedItem,
     CacheStats,
     ProcessorCache,
@@ -171,6 +172,95 @@ def test_a_cached_item_is_read_only_and_keeps_its_prompt_updates() -> None:
     cache = ProcessorCache(300)
     cache.put("a", item)
     assert cache.get("a") is item  # shared, not copied: nothing can change it
+
+
+def _pixels_and_grid(fill: int = 3) -> CachedItem:
+    updates = resolve_prompt_updates([PromptReplacement("image", [5], [5, 5])], {"image": 1})
+    data = {
+        "pixel_values": torch.full((64, 1176), fill, dtype=torch.uint8),
+        "patches": np.full((32, 64), fill, np.float32),
+        "image_grid_thw": torch.tensor([[1, 8, 8]]),
+    }
+    return CachedItem.of(data, updates["image"][0])
+
+
+def test_a_stand_in_keeps_dtypes_shapes_small_tensors_and_prompt_updates_but_no_big_memory() -> (
+    None
+):
+    item = _pixels_and_grid()
+    stand_in = item.as_stand_in()
+    assert stand_in.stand_in and not item.stand_in
+    assert stand_in.nbytes == STAND_IN_BYTES < item.nbytes
+    for name in ("pixel_values", "patches"):
+        kept = stand_in.data[name]
+        assert kept.is_meta and tuple(kept.shape) == tuple(item.data[name].shape)
+    assert stand_in.data["pixel_values"].dtype == torch.uint8
+    assert stand_in.data["patches"].dtype == torch.float32  # numpy's dtype, as torch names it
+    assert stand_in.data["image_grid_thw"] is item.data["image_grid_thw"]  # small: kept real
+    assert stand_in.prompt_updates == item.prompt_updates
+
+
+def test_keeping_a_stand_in_swaps_the_item_in_place_and_frees_its_bytes() -> None:
+    cache = ProcessorCache(1 << 20)
+    for key in "abc":
+        cache.put(key, _pixels_and_grid())
+    full = cache.get("b")
+    assert full is not None
+    before = cache.nbytes
+    assert cache.keep_stand_in("b", full.data)
+    assert _keys(cache) == ["a", "c", "b"]  # where the lookup left it: not moved by the swap
+    held = cache.get("b")
+    assert held is not None and held.stand_in and held.data["pixel_values"].is_meta
+    assert cache.nbytes == before - full.nbytes + STAND_IN_BYTES
+    assert cache.stats().stand_ins == 1
+    assert not cache.keep_stand_in("b", held.data)  # a stand-in already
+
+
+def test_a_stand_in_is_only_kept_for_the_very_item_a_feature_came_from() -> None:
+    cache = ProcessorCache(1 << 20)
+    cache.put("a", _pixels_and_grid())
+    other = _pixels_and_grid()  # same content, another mapping: not what the cache holds
+    assert not cache.keep_stand_in("a", other.data)
+    assert not cache.keep_stand_in("missing", other.data)
+    held = cache.get("a")
+    assert held is not None and not held.stand_in and cache.stats().stand_ins == 0
+
+
+def test_dropping_a_stand_in_forgets_it_and_leaves_whole_items_alone() -> None:
+    cache = ProcessorCache(1 << 20)
+    cache.put("a", _pixels_and_grid())
+    cache.put("b", _pixels_and_grid())
+    a = cache.get("a")
+    assert a is not None and cache.keep_stand_in("a", a.data)
+    assert not cache.drop_stand_in("b")  # whole: kept
+    assert cache.drop_stand_in("a")
+    assert _keys(cache) == ["b"] and cache.stats().stand_ins == 0
+    assert cache.nbytes == _pixels_and_grid().nbytes
+    assert not cache.drop_stand_in("a")
+
+
+def test_a_whole_item_computed_again_replaces_its_stand_in() -> None:
+    cache = ProcessorCache(1 << 20)
+    cache.put("a", _pixels_and_grid())
+    a = cache.get("a")
+    assert a is not None and cache.keep_stand_in("a", a.data)
+    again = _pixels_and_grid(fill=9)
+    assert cache.put("a", again)
+    assert cache.get("a") is again and cache.stats().stand_ins == 0
+    assert cache.nbytes == again.nbytes
+
+
+def test_evicting_a_stand_in_counts_it_out() -> None:
+    room = _pixels_and_grid().nbytes + STAND_IN_BYTES
+    cache = ProcessorCache(room)
+    cache.put("a", _pixels_and_grid())
+    a = cache.get("a")
+    assert a is not None and cache.keep_stand_in("a", a.data)
+    cache.put("b", _pixels_and_grid())
+    assert cache.stats().stand_ins == 1  # both fit: the stand-in costs its charge only
+    cache.put("c", _pixels_and_grid())
+    stats = cache.stats()
+    assert _keys(cache) == ["c"] and stats.stand_ins == 0 and stats.evictions == 2
 
 
 def test_views_of_a_batch_are_stored_compact() -> None:

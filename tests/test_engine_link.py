@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from mmproc.serve.engine_link import EngineLink, EngineRefused
+from mmproc.serve.engine_link import EngineLacksItems, EngineLink, EngineRefused
 from mmproc.wire import EngineRequest, RequestReceiver, WireFeature
+from mmproc.wire.items import ITEM_ENTRY_BYTES
 
 # Generous: only reached when something is broken, never a measure of speed.
 WAIT = 10.0
@@ -208,3 +209,52 @@ def test_a_request_whose_send_fails_unexpectedly_fails_alone_and_the_next_is_sen
         asyncio.run(one_broken_one_fine())
         engine.join()
     assert taken == ["fine"]
+
+
+def item_request(link: EngineLink, name: str, *, stand_in: bool = False) -> EngineRequest:
+    """A request with item ``name`` (8 KiB of pixels, enough to be kept by the engine), whole
+    or as a stand-in (a meta tensor: what a server keeps of an item its engine holds)."""
+    if stand_in:
+        pixels = torch.empty((64, 128), dtype=torch.uint8, device="meta")
+    else:
+        pixels = torch.full((64, 128), len(name), dtype=torch.uint8)
+    feature = WireFeature("image", 0, f"h-{name}", 0, 2, None, {"pixel_values": pixels})
+    return EngineRequest(link.new_request_id(name), [1, 2, 3], [feature])
+
+
+def test_a_stand_in_the_engine_was_never_known_to_hold_fails_as_lacking_and_is_not_sent(
+    ipc_address: str, link: EngineLink
+) -> None:
+    with RequestReceiver(ipc_address, bind=True) as receiver:
+
+        async def lone_stand_in() -> None:
+            request = item_request(link, "never-sent", stand_in=True)
+            with pytest.raises(EngineLacksItems, match="h-never-sent"):
+                await asyncio.wait_for(link.send(request, timeout=WAIT), WAIT)
+
+        asyncio.run(lone_stand_in())
+        assert receiver.recv(timeout=0.2) is None
+    assert link.stats.requests == 0
+
+
+def test_a_stand_in_of_an_item_the_engine_evicted_fails_as_lacking_and_the_link_goes_on(
+    ipc_address: str, link: EngineLink
+) -> None:
+    taken: list[str] = []
+    room_for_one = 64 * 128 + ITEM_ENTRY_BYTES
+    with RequestReceiver(ipc_address, bind=True, item_cache_bytes=room_for_one) as receiver:
+        engine = receive_all(receiver, 3, taken)
+
+        async def evicted_then_whole() -> None:
+            for name in ("a", "b"):  # b evicts a
+                await asyncio.wait_for(link.send(item_request(link, name), timeout=WAIT), WAIT)
+            stand_in = item_request(link, "a", stand_in=True)
+            assert link.holds(stand_in) == [True]  # the link's guess, now wrong
+            with pytest.raises(EngineLacksItems, match="lacks items") as caught:
+                await asyncio.wait_for(link.send(stand_in, timeout=WAIT), WAIT)
+            assert not caught.value.refused
+            await asyncio.wait_for(link.send(item_request(link, "a"), timeout=WAIT), WAIT)
+
+        asyncio.run(evicted_then_whole())
+        engine.join()
+    assert [request_id.split("-")[0] for request_id in taken] == ["a", "b", "a"]

@@ -1272,3 +1272,29 @@ def test_recording_stages_gives_each_request_started_inside_a_clock_of_its_stage
     }
     assert 0 < miss.total <= elapsed
     assert len(log) == 4  # the request after the block was not recorded
+
+
+def test_a_stand_in_hit_holds_meta_tensors_and_once_dropped_the_item_is_computed_again(
+    folder, registry
+) -> None:
+    from mmproc.wire import is_stand_in
+
+    with get_processor(folder, registry=registry) as proc:
+        first = proc.process(IMAGE, {"image": [image(7)]})
+        (whole,) = first.features
+        assert whole.cache_key and proc.keep_stand_ins(first.features) == 1
+        assert proc.keep_stand_ins(first.features) == 0  # a stand-in already
+        again = proc.process(IMAGE, {"image": [image(7)]})
+        assert model_of(proc).calls == [1]  # a hit
+        (stand_in,) = again.features
+        pixels = stand_in.data["pixel_values"]
+        assert pixels.is_meta and pixels.shape == whole.data["pixel_values"].shape
+        assert again.prompt_token_ids == first.prompt_token_ids
+        assert (stand_in.hash, stand_in.placeholder) == (whole.hash, whole.placeholder)
+        # What goes to the engine can only go by reference.
+        assert is_stand_in(again.to_engine_request("r").features[0])
+        assert proc.drop_stand_ins(again.features) == 1
+        third = proc.process(IMAGE, {"image": [image(7)]})
+        assert model_of(proc).calls == [1, 1]
+        assert torch.equal(third.features[0].data["pixel_values"], whole.data["pixel_values"])
+        assert proc.cache.stats().stand_ins == 0

@@ -746,6 +746,60 @@ def test_the_native_path_sends_the_request_to_the_engine_and_answers_without_ten
         assert "mmproc_engine_unsettled 0.0" in metrics
 
 
+def ask_engine(
+    native: Served, receiver: RequestReceiver, messages: Any
+) -> tuple[httpx.Response, Any]:
+    """One native chat request, and what the engine behind ``receiver`` took of it."""
+    received: list[Any] = []
+    reader = threading.Thread(target=lambda: received.append(receiver.recv(timeout=30)))
+    reader.start()
+    response = native.chat(messages)
+    reader.join(30)
+    assert response.status_code == 200, response.text
+    return response, received[0]
+
+
+def test_once_the_engine_holds_an_item_the_server_keeps_only_a_stand_in_and_refers_to_it(
+    serve: Callable[..., Served], tmp_path: Path
+) -> None:
+    address = f"ipc://{tmp_path}/engine.sock"
+    chat = image_chat(40)
+    with RequestReceiver(address, bind=True) as receiver:
+        native = serve(engine=address)
+        _, first = ask_engine(native, receiver, chat)
+        stats = native.app.state.server.processor.cache.stats()
+        assert (stats.entries, stats.stand_ins) == (1, 1)
+        assert stats.nbytes < first.features[0].data["pixel_values"].nbytes
+        answer, again = ask_engine(native, receiver, chat)
+        assert answer.json()["features"]["mm_hashes"]["image"] == [first.features[0].hash]
+        assert list(again.prompt_token_ids) == list(first.prompt_token_ids)
+        # The engine filled the reference in with the tensors it took the first time.
+        for name, tensor in first.features[0].data.items():
+            assert torch.equal(again.features[0].data[name], tensor)
+        metrics = native.client.get("/metrics").text
+        assert "mmproc_engine_items_by_reference_total 1.0" in metrics
+        assert "mmproc_cache_stand_ins 1.0" in metrics
+
+
+def test_an_engine_restarted_empty_gets_a_stand_in_s_item_in_full_computed_again(
+    serve: Callable[..., Served], tmp_path: Path
+) -> None:
+    address = f"ipc://{tmp_path}/engine.sock"
+    chat = image_chat(41)
+    with RequestReceiver(address, bind=True) as receiver:
+        native = serve(engine=address)
+        _, first = ask_engine(native, receiver, chat)
+    assert native.app.state.server.processor.cache.stats().stand_ins == 1
+    with RequestReceiver(address, bind=True) as restarted:  # empty: it holds nothing
+        answer, again = ask_engine(native, restarted, chat)
+    assert answer.json()["engine_request_id"] == again.request_id
+    for name, tensor in first.features[0].data.items():
+        assert torch.equal(again.features[0].data[name], tensor)
+    assert restarted.stats.items_in_full == 1
+    metrics = native.client.get("/metrics").text
+    assert 'mmproc_stand_in_misses_total{endpoint="chat"} 1.0' in metrics
+
+
 def test_two_requests_in_flight_under_one_request_id_are_both_acknowledged(
     serve: Callable[..., Served], tmp_path: Path
 ) -> None:

@@ -25,9 +25,11 @@ from mmproc.wire import (
     RequestReceiver,
     RequestSender,
     SenderStats,
+    StandInsNotHeldError,
     WireFeature,
     decode_request,
     encode_request,
+    is_stand_in,
     item_key,
 )
 from mmproc.wire.items import ITEM_ENTRY_BYTES, ITEM_KEY_BYTES
@@ -325,6 +327,71 @@ def test_a_sender_driven_through_wait_for_replies_sends_a_missing_item_in_full_o
         stats = sender.stats
         assert (stats.items_by_reference, stats.resent_in_full, stats.acknowledged) == (1, 1, 3)
         assert receiver.stats.missing_items == 1
+
+
+def stand_in_of(request: EngineRequest, request_id: str) -> EngineRequest:
+    """``request`` under ``request_id`` with meta tensors (dtype and shape, no memory) for its
+    pixels: what a front end keeps of items it takes its engine to hold."""
+    features = [
+        dataclasses.replace(
+            feature,
+            data={
+                **feature.data,
+                "pixel_values": torch.empty(PATCHES, dtype=torch.uint8, device="meta"),
+            },
+        )
+        for feature in request.features
+    ]
+    return EngineRequest(request_id, request.prompt_token_ids, features)
+
+
+def test_a_stand_in_of_an_item_the_receiver_holds_goes_by_reference_and_arrives_whole(
+    pair: tuple[RequestSender, RequestReceiver],
+) -> None:
+    sender, receiver = pair
+    first = chat_request("first", [1])
+    send_and_take(sender, receiver, first)
+    again = stand_in_of(first, "again")
+    assert is_stand_in(again.features[0]) and not is_stand_in(first.features[0])
+    assert item_key(again.features[0]) == item_key(first.features[0])
+    assert sender.holds(again) == [True]
+    got = send_and_take(sender, receiver, again)
+    assert got is not None
+    assert_bit_correct(got, dataclasses.replace(first, request_id="again"))
+    assert sender.stats.items_by_reference == 1 and sender.take_failures() == []
+
+
+def test_a_stand_in_the_receiver_is_not_known_to_hold_is_refused_before_anything_is_sent(
+    pair: tuple[RequestSender, RequestReceiver],
+) -> None:
+    sender, receiver = pair
+    lone = stand_in_of(chat_request("lone", [4]), "lone")
+    assert sender.holds(lone) == [False]
+    with pytest.raises(StandInsNotHeldError, match="image-0004") as caught:
+        sender.send(lone, timeout=WAIT)
+    assert caught.value.request_id == "lone" and caught.value.hashes == ("image-0004",)
+    assert sender.stats.requests == 0 and sender.unacknowledged == []
+    assert receiver.recv(timeout=0.2) is None
+
+
+def test_a_stand_in_of_an_item_the_receiver_evicted_fails_as_missing_not_as_refused(
+    ipc_address: str,
+) -> None:
+    with evicted_first_item(ipc_address) as (sender, receiver):
+        request = stand_in_of(chat_request("x again", [1]), "x again")
+        sender.send(request, timeout=WAIT)  # by reference: the receiver has dropped it
+        assert receiver.recv(timeout=0.5) is None  # never handed to the engine
+        deadline = time.monotonic() + WAIT
+        failures = sender.take_failures()
+        while not failures and time.monotonic() < deadline:
+            sender.wait_for_replies(0.1)
+            failures = sender.take_failures()
+        (failure,) = failures
+        assert (failure.request_id, failure.missing, failure.refused) == ("x again", True, False)
+        assert "lacks items" in failure.reason
+        # Nothing to send it in full with: not re-sent, and no longer taken to be held.
+        assert sender.stats.resent_in_full == 0 and sender.unacknowledged == []
+        assert sender.holds(request) == [False]
 
 
 def connection_watch(sender: RequestSender) -> Callable[[], None]:

@@ -22,6 +22,15 @@ items meant for the cache are made with ``CachedItem.of(..., compact=True)``, wh
 views as compact copies; otherwise the byte bound would not bound memory. Cached items are
 immutable and shared, their ``data`` a read-only mapping: treat the tensors as read-only too.
 
+Stand-ins: a front end whose engine holds an item's tensors (it said so, `mmproc.wire`) needs
+only the item's metadata to send it again by reference. :meth:`ProcessorCache.keep_stand_in`
+swaps such an item for its *stand-in* (:meth:`CachedItem.as_stand_in`: its big tensors become
+``torch`` meta tensors, dtype and shape without memory), which keeps its place in the LRU order
+and is charged `STAND_IN_BYTES`; the memory goes back to the allocator, so new items reuse it
+instead of costing fresh pages. A stand-in hit gives a feature that can only go by reference;
+should the engine lack it after all, :meth:`ProcessorCache.drop_stand_in` forgets it, and the
+request is processed again.
+
 The bound: ``ProcessorCache(max_bytes)``; ``None`` reads ``MMPROC_CACHE_BYTES`` (an integer, or
 with a unit: ``512MiB``, ``4GiB``, ``2GB``) and falls back to 4 GiB; ``0`` disables the cache.
 All methods are thread-safe (one lock; copying and sizing happen before it, in ``CachedItem.of``).
@@ -50,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CACHE_BYTES_ENV",
     "DEFAULT_CACHE_BYTES",
+    "STAND_IN_BYTES",
     "CacheStats",
     "CachedItem",
     "ProcessorCache",
@@ -60,6 +70,14 @@ __all__ = [
 
 DEFAULT_CACHE_BYTES = 4 << 30
 """The default bound: 4 GiB."""
+
+STAND_IN_BYTES = 2048
+"""What a stand-in entry is charged: its Python objects (prompt updates, meta tensors, small
+tensors kept), whose memory its tensors' ``nbytes`` no longer stands for."""
+
+# Tensors and arrays smaller than this stay real in a stand-in (grids and the like: cheap, and
+# readable by whoever looks at the feature).
+_STAND_IN_MIN_BYTES = 1024
 
 CACHE_BYTES_ENV = "MMPROC_CACHE_BYTES"
 """Environment variable read when ``ProcessorCache(max_bytes=None)``."""
@@ -147,6 +165,24 @@ def _compact_value(value: Any) -> Any:
     return value
 
 
+def _stand_in_value(value: Any) -> Any:
+    if is_torch_tensor(value):
+        if value.is_meta or value.nbytes < _STAND_IN_MIN_BYTES:
+            return value
+        import torch
+
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if isinstance(value, np.ndarray) and value.nbytes >= _STAND_IN_MIN_BYTES:
+        import torch
+
+        try:
+            dtype = torch.from_numpy(np.empty(0, value.dtype)).dtype
+        except TypeError:
+            return value  # no torch dtype (strings, objects): not a tensor the wire sends
+        return torch.empty(value.shape, dtype=dtype, device="meta")
+    return value
+
+
 def compact_entry(entry: Entry) -> dict[str, Any]:
     """Return ``entry`` with every view of a larger buffer replaced by a compact copy.
 
@@ -167,6 +203,8 @@ class CachedItem:
     data: Mapping[str, Any]
     prompt_updates: tuple[ResolvedPromptUpdate, ...]
     nbytes: int
+    stand_in: bool = False
+    """Its big tensors are meta tensors (see the module docs): it can only go by reference."""
 
     @classmethod
     def of(
@@ -182,6 +220,12 @@ class CachedItem:
         stored = compact_entry(data) if compact else dict(data)
         size = entry_nbytes(stored) if nbytes is None else int(nbytes)
         return cls(MappingProxyType(stored), tuple(prompt_updates), size)
+
+    def as_stand_in(self) -> CachedItem:
+        """This item with its tensors and arrays of 1 KiB and more replaced by ``torch`` meta
+        tensors of the same dtype and shape, charged `STAND_IN_BYTES`."""
+        stored = {key: _stand_in_value(value) for key, value in self.data.items()}
+        return CachedItem(MappingProxyType(stored), self.prompt_updates, STAND_IN_BYTES, True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +260,8 @@ class CacheStats:
     """Bytes those items hold (their arrays' and tensors' ``nbytes``)."""
     max_bytes: int
     """The bound in bytes (the ``cache_bytes`` option; 0: the cache is off)."""
+    stand_ins: int = 0
+    """Of those items, how many are stand-ins (their tensors held by an engine)."""
 
     @property
     def hit_rate(self) -> float:
@@ -246,6 +292,7 @@ class ProcessorCache:
         # key -> item; order is recency, least recently used first.
         self._data: OrderedDict[str, CachedItem] = OrderedDict()
         self._nbytes = 0
+        self._stand_ins = 0
         self._hits = self._misses = self._inserts = self._evictions = self._rejected = 0
 
     @property
@@ -310,7 +357,8 @@ class ProcessorCache:
 
         Args:
             items: ``key -> item`` or ``(key, item)`` pairs. A key already cached keeps its item
-                and is touched (keys name content: same key, same content).
+                and is touched (keys name content: same key, same content), unless it holds a
+                stand-in and the new item is whole: that replaces it.
             protect: Keys that must survive this call (the request's own keys): touched first,
                 never evicted by it. Items inserted by this call are protected the same way.
         """
@@ -331,6 +379,12 @@ class ProcessorCache:
                     pinned_bytes += held.nbytes
             for key, item in prepared:
                 held = data.get(key)
+                if held is not None and held.stand_in and not item.stand_in:
+                    # The item computed again (its engine lacked it): the full one replaces it.
+                    del data[key]
+                    self._nbytes -= held.nbytes
+                    self._stand_ins -= 1
+                    held = None
                 if held is not None:
                     data.move_to_end(key)
                     if key not in pinned:
@@ -348,7 +402,9 @@ class ProcessorCache:
                     old_key = next(iter(data))
                     if old_key in pinned:  # unreachable by the invariant above; keep it honest
                         raise RuntimeError("ProcessorCache would evict a protected entry")
-                    self._nbytes -= data.pop(old_key).nbytes
+                    dropped = data.pop(old_key)
+                    self._nbytes -= dropped.nbytes
+                    self._stand_ins -= dropped.stand_in
                     self._evictions += 1
                 data[key] = item
                 self._nbytes += nbytes
@@ -358,11 +414,41 @@ class ProcessorCache:
                 cached += 1
         return cached
 
+    def keep_stand_in(self, key: str, data: Mapping[str, Any]) -> bool:
+        """Swap the item cached under ``key`` for its stand-in (see the module docs), if it is
+        still the item whose ``data`` that is (the very mapping a feature got from the cache);
+        it keeps its place in the LRU order. Whether it was swapped."""
+        with self._lock:
+            held = self._data.get(key)
+        if held is None or held.data is not data or held.stand_in:
+            return False
+        stand_in = held.as_stand_in()  # outside the lock: it allocates
+        with self._lock:
+            if self._data.get(key) is not held:
+                return False  # evicted or replaced meanwhile
+            self._data[key] = stand_in  # an existing key keeps its position
+            self._nbytes += stand_in.nbytes - held.nbytes
+            self._stand_ins += 1
+        return True
+
+    def drop_stand_in(self, key: str) -> bool:
+        """Forget the stand-in cached under ``key`` (its engine lacks the item after all), so
+        that the item is computed again; whether there was one. A full item is left alone."""
+        with self._lock:
+            held = self._data.get(key)
+            if held is None or not held.stand_in:
+                return False
+            del self._data[key]
+            self._nbytes -= held.nbytes
+            self._stand_ins -= 1
+        return True
+
     def clear(self) -> None:
         """Drop every entry (counters are kept)."""
         with self._lock:
             self._data.clear()
             self._nbytes = 0
+            self._stand_ins = 0
 
     def stats(self) -> CacheStats:
         """Return a consistent snapshot of the counters (all read under one lock): hits,
@@ -377,4 +463,5 @@ class ProcessorCache:
                 entries=len(self._data),
                 nbytes=self._nbytes,
                 max_bytes=self._max_bytes,
+                stand_ins=self._stand_ins,
             )

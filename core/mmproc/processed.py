@@ -23,7 +23,11 @@ class MultiModalFeature:
     where its embeddings go in ``prompt_token_ids``, ``hash`` the content hash (the item, the
     model and the options that shape the outputs). ``norm`` is set when the pixels named by it
     are raw uint8 and the engine must normalise them (:class:`mmproc.fused_norm.FusedInputNorm`).
-    Tensors may be shared with the cache: treat them as read-only.
+    Tensors may be shared with the cache: treat them as read-only. ``cache_key`` is the key the
+    processor's cache keeps the item under ("" when it did not come from a processor).
+
+    A feature from a stand-in (:meth:`mmproc.processor.Processor.keep_stand_ins`) holds meta
+    tensors in place of its big ones: it can only go to an engine that holds the item.
     """
 
     modality: str
@@ -32,6 +36,7 @@ class MultiModalFeature:
     data: Mapping[str, Any]
     placeholder: PlaceholderRange
     norm: NormSpec | None = None
+    cache_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,9 +78,7 @@ class ProcessedInputs:
                     offset=feature.placeholder.offset,
                     length=feature.placeholder.length,
                     is_embed=None if mask is None else torch.tensor(mask, dtype=torch.bool),
-                    # The wire carries host memory: outputs of a processor running on a GPU
-                    # (device="cuda") are copied back here; CPU tensors are not copied.
-                    data={k: torch.as_tensor(v).cpu() for k, v in feature.data.items()},
+                    data={k: _host_tensor(v) for k, v in feature.data.items()},
                     norm=None if feature.norm is None else feature.norm.to_wire(),
                 )
             )
@@ -86,3 +89,13 @@ class ProcessedInputs:
             dict(params or {}),
             {name: torch.as_tensor(value).cpu() for name, value in self.prompt_outputs.items()},
         )
+
+
+def _host_tensor(value: Any) -> Any:
+    """``value`` as a tensor the wire can carry. The wire carries host memory: outputs of a
+    processor running on a GPU (device="cuda") are copied back here; CPU tensors are not copied,
+    and a stand-in's meta tensors stay as they are (they go by reference)."""
+    import torch
+
+    tensor = torch.as_tensor(value)
+    return tensor if tensor.is_meta else tensor.cpu()

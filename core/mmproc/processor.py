@@ -38,7 +38,7 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -788,6 +788,7 @@ class Processor:
                         data=data,
                         placeholder=placeholder,
                         norm=self.normalization.norm_of(data),
+                        cache_key=item.key,
                     )
                 )
         features.sort(key=lambda f: f.placeholder.offset)
@@ -797,6 +798,24 @@ class Processor:
         )
         request.clock.mark("prompt_outputs")
         return ProcessedInputs(prompt_ids, features, prompt_outputs)
+
+    def keep_stand_ins(self, features: Iterable[MultiModalFeature]) -> int:
+        """Keep only the metadata of these items in the cache (their stand-ins, see
+        :mod:`mmproc.cache`): for items an engine now holds, so that a request that repeats one
+        sends it by reference without the server keeping its tensors too. How many were swapped
+        (features not from this processor's cache, or already stand-ins, are left alone)."""
+        return sum(
+            self.cache.keep_stand_in(feature.cache_key, feature.data)
+            for feature in features
+            if feature.cache_key
+        )
+
+    def drop_stand_ins(self, features: Iterable[MultiModalFeature]) -> int:
+        """Forget the stand-ins of these items (their engine lacks them after all), so that the
+        next request with them computes them again; how many were dropped."""
+        return sum(
+            self.cache.drop_stand_in(feature.cache_key) for feature in features if feature.cache_key
+        )
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """``text`` as the model's tokenizer gives it (with its BOS and the like unless

@@ -64,7 +64,7 @@ from mmproc.fields import FieldSpec
 from mmproc.processed import ProcessedInputs
 from mmproc.processor import Processor
 from mmproc.serve.allocator import make_room
-from mmproc.serve.engine_link import EngineLink, EngineRefused
+from mmproc.serve.engine_link import EngineLacksItems, EngineLink, EngineRefused
 from mmproc.serve.metrics import ServerMetrics
 from mmproc.serve.protocol import (
     BadRequest,
@@ -84,6 +84,10 @@ _DEFAULT_PIXEL_KEYS = frozenset({"pixel_values", "pixel_values_videos"})
 _PARSE_OFF_LOOP_BYTES = 1 << 20
 # Connections uvicorn takes beyond the admitted requests: for /health, /metrics, /v1/models.
 _PROBE_CONNECTIONS = 64
+# Sends of one request on the native path: the second renders it again with its items' tensors,
+# when the engine lacked items the cache kept only stand-ins of (a third would only race the
+# engine's evictions again).
+_STAND_IN_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -464,11 +468,15 @@ class _Server:
             fault = self._template_fault[bool(chat.chat_kwargs.get("tools"))]
             if fault is not None:
                 raise _ServerFault(f"the server cannot render chats: {fault}")
-        begin = time.perf_counter()
-        inputs = await self.processor.process_chat_async(chat.messages, **chat.chat_kwargs)
-        self.metrics.observe("chat", "render", time.perf_counter() - begin)
-        features, engine_id = await self._deliver(
-            inputs, chat.request_id, chat.sampling, chat.with_tensors, "chat"
+
+        async def render() -> ProcessedInputs:
+            begin = time.perf_counter()
+            inputs = await self.processor.process_chat_async(chat.messages, **chat.chat_kwargs)
+            self.metrics.observe("chat", "render", time.perf_counter() - begin)
+            return inputs
+
+        inputs, features, engine_id = await self._deliver(
+            render, chat.request_id, chat.sampling, chat.with_tensors, "chat"
         )
         answer = generate_request(
             request_id=chat.request_id,
@@ -509,10 +517,14 @@ class _Server:
                 )
             else:
                 ids = prompt
-            inputs = await self.processor.process_async(ids)
+            rendered = await self.processor.process_async(ids)
             self.metrics.observe("completions", "render", time.perf_counter() - begin)
-            _, engine_id = await self._deliver(
-                inputs, request_id, completion.sampling, False, "completions"
+
+            async def render(rendered: ProcessedInputs = rendered) -> ProcessedInputs:
+                return rendered  # no media: nothing a stand-in could stand for
+
+            inputs, _, engine_id = await self._deliver(
+                render, request_id, completion.sampling, False, "completions"
             )
             answers.append(
                 generate_request(
@@ -532,32 +544,24 @@ class _Server:
 
     async def _deliver(
         self,
-        inputs: ProcessedInputs,
+        render: Callable[[], Awaitable[ProcessedInputs]],
         request_id: str,
         sampling: Mapping[str, Any],
         with_tensors: bool,
         endpoint: str,
-    ) -> tuple[dict[str, Any] | None, str | None]:
-        """The answer's ``features``, and the engine request id on the native path (where the
-        request went to the engine and the answer carries no tensors)."""
+    ) -> tuple[ProcessedInputs, dict[str, Any] | None, str | None]:
+        """The request ``render`` makes, the answer's ``features``, and the engine request id on
+        the native path (where the request went to the engine and the answer carries no
+        tensors)."""
+        inputs = await render()
         engine_id = None
         if self.engine is not None:
-            begin = time.perf_counter()
-            # Request ids are the clients' to choose: the engine gets one of the server's own.
-            engine_id = self.engine.new_request_id(request_id)
-            try:
-                await self.engine.send(
-                    inputs.to_engine_request(engine_id, dict(sampling)),
-                    timeout=self.settings.request_timeout_s,
-                )
-            except EncodeError as exc:
-                # The processor's outputs always encode: what does not is what the request
-                # added, its sampling parameters (the wire nests less deeply than JSON).
-                raise BadRequest(f"the request cannot be sent to the engine: {exc}") from None
-            self.metrics.observe(endpoint, "engine", time.perf_counter() - begin)
+            inputs, engine_id = await self._send_to_engine(
+                inputs, render, request_id, sampling, endpoint
+            )
             with_tensors = False
         if not inputs.features:
-            return None, engine_id
+            return inputs, None, engine_id
         begin = time.perf_counter()
         features: dict[str, Any] = {"mm_hashes": {}, "mm_placeholders": {}}
         for feature in inputs.features:
@@ -571,7 +575,48 @@ class _Server:
         else:
             features["kwargs_data"] = features["mm_metadata"] = None
         self.metrics.observe(endpoint, "encode", time.perf_counter() - begin)
-        return features, engine_id
+        return inputs, features, engine_id
+
+    async def _send_to_engine(
+        self,
+        inputs: ProcessedInputs,
+        render: Callable[[], Awaitable[ProcessedInputs]],
+        request_id: str,
+        sampling: Mapping[str, Any],
+        endpoint: str,
+    ) -> tuple[ProcessedInputs, str]:
+        """Send the request to the engine under an id of the server's own; the request as sent
+        (made again by ``render`` should the engine lack items the cache kept only stand-ins
+        of) and that id.
+
+        Once the engine holds an item, the processor's cache keeps only its stand-in: the
+        engine has its tensors, and holding them here as well would double the memory and make
+        every new item cost fresh pages while the cache fills."""
+        assert self.engine is not None
+        begin = time.perf_counter()
+        for attempt in range(_STAND_IN_ATTEMPTS):
+            # Request ids are the clients' to choose: the engine gets one of the server's own.
+            engine_id = self.engine.new_request_id(request_id)
+            engine_request = inputs.to_engine_request(engine_id, dict(sampling))
+            try:
+                await self.engine.send(engine_request, timeout=self.settings.request_timeout_s)
+            except EncodeError as exc:
+                # The processor's outputs always encode: what does not is what the request
+                # added, its sampling parameters (the wire nests less deeply than JSON).
+                raise BadRequest(f"the request cannot be sent to the engine: {exc}") from None
+            except EngineLacksItems:
+                if attempt + 1 == _STAND_IN_ATTEMPTS:
+                    raise
+                self.metrics.count_stand_in_miss(endpoint)
+                self.processor.drop_stand_ins(inputs.features)
+                inputs = await render()
+                continue
+            break
+        if inputs.features:
+            held = self.engine.holds(engine_request)
+            self.processor.keep_stand_ins(f for f, h in zip(inputs.features, held) if h)
+        self.metrics.observe(endpoint, "engine", time.perf_counter() - begin)
+        return inputs, engine_id
 
     def _encode_items(
         self, inputs: ProcessedInputs

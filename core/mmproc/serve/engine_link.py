@@ -11,6 +11,10 @@ not acknowledge. One thread doing all of it, woken only when something happened,
 link's cost per request to one send and one wake-up; a sender shared by the event loop's
 executor threads and a thread polling for replies handed the GIL back and forth many times.
 
+A request may carry stand-ins of items the engine holds (`mmproc.wire.items.is_stand_in`: the
+server keeps only their metadata); when the engine turns out to lack one, the request fails with
+:class:`EngineLacksItems`, and its caller makes the items again and sends it anew.
+
 Requests go to the engine under ids of the link's own (:meth:`EngineLink.new_request_id`: the
 client's id and a suffix no other request of this server has), since clients choose theirs and
 two requests in flight under one id could not be told apart.
@@ -31,9 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmproc.errors import EncodeError
-from mmproc.wire import DeliveryFailure, EngineRequest, RequestSender, SenderStats
+from mmproc.wire import (
+    DeliveryFailure,
+    EngineRequest,
+    RequestSender,
+    SenderStats,
+    StandInsNotHeldError,
+)
 
-__all__ = ["EngineLink", "EngineRefused"]
+__all__ = ["EngineLacksItems", "EngineLink", "EngineRefused"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +66,14 @@ class EngineRefused(Exception):
         self.request_id = request_id
         self.reason = reason
         self.refused = refused
+
+
+class EngineLacksItems(EngineRefused):
+    """The request holds stand-ins of items the engine does not hold (any more): nothing of it
+    reached the engine. Send it again with those items' tensors."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(request_id, reason, refused=False)
 
 
 @dataclass(slots=True, eq=False)
@@ -108,6 +126,11 @@ class EngineLink:
         and settled request, so never older than the answers already given."""
         return self._stats
 
+    def holds(self, request: EngineRequest) -> list[bool]:
+        """Per feature of ``request``: whether the engine holds that item now, as far as its
+        acknowledgements tell (`RequestSender.holds`)."""
+        return self._sender.holds(request)
+
     def new_request_id(self, request_id: str) -> str:
         """An id to send a request under: ``request_id`` with a suffix that no other id this
         link has made has."""
@@ -118,6 +141,7 @@ class EngineLink:
         acknowledges it.
 
         Raises:
+            EngineLacksItems: it holds stand-ins of items the engine does not hold.
             EngineRefused: the receiver refused it, or it went unacknowledged, or the link is
                 closing.
             TimeoutError: it could not be sent within ``timeout`` (no engine connected, or the
@@ -206,6 +230,9 @@ class EngineLink:
                 with self._lock:
                     self._queue.extendleft(reversed(queued[index:]))
                 return True
+            except StandInsNotHeldError as exc:
+                self._fail(waiting, EngineLacksItems(request.request_id, exc.reason))
+                continue
             except (EncodeError, ValueError, TypeError) as exc:
                 self._fail(waiting, exc)
                 continue
@@ -251,10 +278,13 @@ class EngineLink:
         # Before the answers: a client that reads /metrics after its answer sees it counted.
         self._stats = sender.stats
         for request_id, waiting in settled:
-            error = None
+            error: EngineRefused | None = None
             if waiting.failure is not None:
                 failure = waiting.failure
-                error = EngineRefused(request_id, failure.reason, refused=failure.refused)
+                if failure.missing:
+                    error = EngineLacksItems(request_id, failure.reason)
+                else:
+                    error = EngineRefused(request_id, failure.reason, refused=failure.refused)
             self._settle(waiting, error)
 
     def _fail(self, waiting: _Waiting, error: BaseException) -> None:

@@ -6,8 +6,11 @@
   ``engine``: sending to the engine and its acknowledgement, on the native path; ``encode``: the
   items in vLLM's format; ``serialise``: the JSON; ``total``);
 * ``mmproc_requests_in_flight``;
-* ``mmproc_cache_hits_total``, ``mmproc_cache_misses_total``, ``mmproc_cache_entries`` and
+* ``mmproc_cache_hits_total``, ``mmproc_cache_misses_total``, ``mmproc_cache_entries``,
+  ``mmproc_cache_stand_ins`` (entries whose tensors only the engine keeps) and
   ``mmproc_cache_bytes``: the processor-output cache (read from ``cache.stats()`` when scraped);
+* ``mmproc_stand_in_misses_total{endpoint}``: requests rendered again because the engine lacked
+  an item the cache kept only a stand-in of;
 * with an engine, ``mmproc_engine_*``: the wire sender's counters (``RequestSender.stats``:
   requests, messages, bytes, items in full and by reference, re-sends, acknowledged, refused,
   given up) and gauges (unsettled requests, items the engine is taken to hold, their bytes).
@@ -45,6 +48,11 @@ class _CacheCollector:
         )
         yield GaugeMetricFamily(
             "mmproc_cache_entries", "Items in the processor-output cache", value=stats.entries
+        )
+        yield GaugeMetricFamily(
+            "mmproc_cache_stand_ins",
+            "Items of the processor-output cache whose tensors only the engine keeps",
+            value=stats.stand_ins,
         )
         yield GaugeMetricFamily(
             "mmproc_cache_bytes", "Bytes the processor-output cache holds", value=stats.nbytes
@@ -97,6 +105,12 @@ class ServerMetrics:
         self.in_flight = Gauge(
             "mmproc_requests_in_flight", "Requests being answered now", registry=self.registry
         )
+        self.stand_in_misses = Counter(
+            "mmproc_stand_in_misses",
+            "Requests rendered again: the engine lacked an item the cache kept a stand-in of",
+            ["endpoint"],
+            registry=self.registry,
+        )
         self.registry.register(_CacheCollector(processor))
 
     def watch_engine(self, sender: Any) -> None:
@@ -107,6 +121,10 @@ class ServerMetrics:
     def observe(self, endpoint: str, stage: str, seconds: float) -> None:
         """Count ``seconds`` in ``stage`` of a request to ``endpoint``."""
         self.seconds.labels(endpoint, stage).observe(seconds)
+
+    def count_stand_in_miss(self, endpoint: str) -> None:
+        """Count a request to ``endpoint`` rendered again for the engine's lack of an item."""
+        self.stand_in_misses.labels(endpoint).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics in Prometheus's text format, and its content type."""

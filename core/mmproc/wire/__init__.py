@@ -38,6 +38,8 @@ from mmproc.wire.items import (
     DEFAULT_ITEM_CACHE_BYTES,
     ItemCache,
     MissingItemsError,
+    StandInsNotHeldError,
+    is_stand_in,
     item_key,
 )
 from mmproc.wire.schema import (
@@ -84,12 +86,14 @@ __all__ = [  # noqa: RUF022
     "RequestSender",
     "SCHEMA_VERSION",
     "SenderStats",
+    "StandInsNotHeldError",
     "THRESHOLD_ENV",
     "WireFeature",
     "decode",
     "decode_request",
     "encode",
     "encode_request",
+    "is_stand_in",
     "item_key",
     "zero_copy_threshold",
 ]

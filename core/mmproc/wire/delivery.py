@@ -212,6 +212,10 @@ class DeliveryFailure:
     """Why, in words: the receiver's error, or how long and how often it was sent."""
     attempts: int
     """How many times it was sent."""
+    missing: bool = False
+    """The receiver no longer holds items the request holds stand-ins of
+    (`mmproc.wire.items.is_stand_in`), so it can be sent neither by reference nor in full: its
+    caller must make those items again and send it anew (``refused`` is False)."""
 
 
 # --- the sender's ledger -------------------------------------------------------------------------
@@ -307,15 +311,20 @@ class SenderLedger:
             return None
         return self.outstanding.get(reply.sequence)
 
-    def settle(self, entry: Outstanding, acknowledged: bool, reason: str) -> None:
-        """Settle ``entry``: acknowledged, or refused for ``reason``."""
+    def settle(
+        self, entry: Outstanding, acknowledged: bool, reason: str, *, missing: bool = False
+    ) -> None:
+        """Settle ``entry``: acknowledged, or refused for ``reason`` (``missing``: not refused,
+        but the receiver lacks items the sender has only stand-ins of)."""
         if self.outstanding.pop(entry.sequence, None) is None:
             return
         if acknowledged:
             self.acknowledged += 1
         else:
             self.refused += 1
-            self.failures.append(DeliveryFailure(entry.request_id, True, reason, entry.attempt))
+            self.failures.append(
+                DeliveryFailure(entry.request_id, not missing, reason, entry.attempt, missing)
+            )
 
     def overdue(self, now: float) -> list[Outstanding]:
         """Requests whose last attempt went unacknowledged for ``ack_timeout``: the ones left

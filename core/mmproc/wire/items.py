@@ -26,6 +26,13 @@ see `mmproc.hashing` for how far a hash can be trusted (blake3 by default).
 
 Items smaller than `MIN_ITEM_BYTES` always travel in full: a reference would save next to
 nothing and could cost a round trip.
+
+A sender need not keep the tensors of an item the receiver holds: a *stand-in* feature
+(`is_stand_in`: its tensors are ``torch`` meta tensors, names, dtypes and shapes without memory)
+keys as the item does and goes as its reference. A stand-in cannot go in full, so where the
+receiver is not known to hold it (`StandInsNotHeldError`, nothing sent) or answers that it no
+longer does (a `mmproc.wire.DeliveryFailure` with ``missing`` set), its caller must make the
+item's tensors again and send the request anew.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ __all__ = [
     "HeldItems",
     "ItemCache",
     "MissingItemsError",
+    "StandInsNotHeldError",
+    "is_stand_in",
     "item_key",
     "item_nbytes",
 ]
@@ -135,6 +144,29 @@ def check_cache_bytes(owner: str, value: object) -> int:
             f"{owner} item_cache_bytes must be an int >= 0 (0 turns references off), got {value!r}"
         )
     return value
+
+
+def is_stand_in(feature: WireItem) -> bool:
+    """Whether ``feature`` stands in for an item the receiver holds: some tensor of its
+    ``data`` is a ``torch`` meta tensor (a name, dtype and shape, no memory to send)."""
+    return any(tensor.is_meta for tensor in feature.data.values())
+
+
+class StandInsNotHeldError(Exception):
+    """A request's stand-in items (`is_stand_in`) cannot go by reference: the sender does not
+    take the receiver to hold them (it never said so, or evicted them, or lacked them since),
+    and they have no tensors to go in full. Nothing was sent; make their tensors again."""
+
+    def __init__(self, request_id: str, hashes: Sequence[str]) -> None:
+        self.reason = (
+            f"{len(hashes)} item(s) have no tensors here and the receiver is not known to hold "
+            f"them (hash {', '.join(hashes[:4])})"
+        )
+        """Why, in words, without the request id."""
+        super().__init__(f"engine request {request_id}: {self.reason}")
+        self.request_id = request_id
+        self.hashes: tuple[str, ...] = tuple(hashes)
+        """The ``hash`` of each such item, in request order."""
 
 
 class MissingItemsError(DecodeError):

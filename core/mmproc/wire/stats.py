@@ -38,7 +38,8 @@ class SenderStats:
     acknowledged: int
     """Requests acknowledged."""
     refused: int
-    """Requests refused as malformed (reported by ``take_failures``)."""
+    """Requests refused as malformed, or missing items the sender had only stand-ins of
+    (reported by ``take_failures``)."""
     given_up: int
     """Requests not acknowledged after ``max_attempts`` sends (reported by ``take_failures``)."""
     unsettled: int

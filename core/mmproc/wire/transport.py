@@ -113,7 +113,9 @@ from mmproc.wire.items import (
     HeldItems,
     ItemCache,
     MissingItemsError,
+    StandInsNotHeldError,
     check_cache_bytes,
+    is_stand_in,
     item_key,
     item_nbytes,
 )
@@ -447,6 +449,8 @@ class RequestSender(_Endpoint):
                     self._service()  # the latest acknowledgements say what the receiver holds
                     refs = self._held.choose(keys)
         references = 0 if refs is None else len(refs) - refs.count(None)
+        if references < len(request.features):
+            _check_no_stand_ins(request, refs)
         frames = encode_request_refs(request, self._threshold, refs if references else None)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
@@ -482,6 +486,18 @@ class RequestSender(_Endpoint):
             if references and self._watch_replies:
                 self._watch(entry)
             return tracker
+
+    def holds(self, request: EngineRequest) -> list[bool]:
+        """Per feature of ``request``: whether this sender takes the receiver to hold that item
+        now (it would go by reference). For a caller that then keeps only a stand-in of it
+        (`mmproc.wire.items.is_stand_in`)."""
+        if self._held is None or not request.features:
+            return [False] * len(request.features)
+        keys, _ = _item_keys(request)
+        if keys is None:
+            return [False] * len(request.features)
+        with self._lock:
+            return [key is not None and key in self._held for key in keys]
 
     def _watch(self, entry: Outstanding) -> None:
         """Have the replies read in the background until ``entry`` (sent by reference) is
@@ -605,6 +621,10 @@ class RequestSender(_Endpoint):
         entry.request, entry.references = None, 0
         # The answer to this send says again which of them the receiver holds.
         self._held.forget(entry.keys or ())
+        if any(is_stand_in(feature) for feature in request.features):
+            # No tensors to send them in full with: the caller makes them again.
+            self._ledger.settle(entry, False, f"the engine lacks items: {reason}", missing=True)
+            return
         logger.debug(
             "mmproc sender %s sends %r again in full: %s", self._address, entry.request_id, reason
         )
@@ -785,6 +805,17 @@ class _ReceiverCounts(_Counts):
     """A receiver's counters besides its attributes."""
 
     missing_items: int = 0
+
+
+def _check_no_stand_ins(request: EngineRequest, refs: Sequence[bytes | None] | None) -> None:
+    """Raise `StandInsNotHeldError` if a stand-in item of ``request`` would go in full."""
+    lacking = [
+        feature.hash
+        for position, feature in enumerate(request.features)
+        if (refs is None or refs[position] is None) and is_stand_in(feature)
+    ]
+    if lacking:
+        raise StandInsNotHeldError(request.request_id, lacking)
 
 
 def _item_keys(request: EngineRequest) -> tuple[list[bytes | None] | None, list[int]]:
