@@ -184,20 +184,40 @@ def _pixels_and_grid(fill: int = 3) -> CachedItem:
     return CachedItem.of(data, updates["image"][0])
 
 
-def test_a_stand_in_keeps_dtypes_shapes_small_tensors_and_prompt_updates_but_no_big_memory() -> (
-    None
-):
+def test_a_stand_in_gives_meta_tensors_for_big_outputs_and_the_values_of_small_ones() -> None:
     item = _pixels_and_grid()
     stand_in = item.as_stand_in()
     assert stand_in.stand_in and not item.stand_in
     assert stand_in.nbytes == STAND_IN_BYTES < item.nbytes
+    data = stand_in.feature_data()
     for name in ("pixel_values", "patches"):
-        kept = stand_in.data[name]
-        assert kept.is_meta and tuple(kept.shape) == tuple(item.data[name].shape)
-    assert stand_in.data["pixel_values"].dtype == torch.uint8
-    assert stand_in.data["patches"].dtype == torch.float32  # numpy's dtype, as torch names it
-    assert stand_in.data["image_grid_thw"] is item.data["image_grid_thw"]  # small: kept real
+        assert data[name].is_meta and tuple(data[name].shape) == tuple(item.data[name].shape)
+    assert data["pixel_values"].dtype == torch.uint8
+    assert data["patches"].dtype == torch.float32  # numpy's dtype, as torch names it
+    grid = data["image_grid_thw"]
+    assert torch.equal(grid, item.data["image_grid_thw"]) and grid.dtype == torch.int64
     assert stand_in.prompt_updates == item.prompt_updates
+    assert item.feature_data() is item.data  # a whole item's outputs as they are
+
+
+def test_a_stand_in_keeps_no_tensor_or_array_alive_only_plain_descriptions() -> None:
+    # Tensors and arrays are C allocations: kept long amid transient megabytes, each would pin
+    # a fragment of the heap, which would then grow with every new item.
+    updates = resolve_prompt_updates([PromptReplacement("image", [5], [5, 5])], {"image": 1})
+    small = np.arange(6, dtype=np.int32).reshape(2, 3)
+    item = CachedItem.of(
+        {"pixel_values": torch.zeros(4096, dtype=torch.uint8), "sizes": small, "n": 3},
+        updates["image"][0],
+    )
+    stand_in = item.as_stand_in()
+    assert not [
+        name
+        for name, value in stand_in.data.items()
+        if isinstance(value, torch.Tensor | np.ndarray)
+    ]
+    restored = stand_in.feature_data()
+    assert restored["n"] == 3
+    assert restored["sizes"].dtype == np.int32 and (restored["sizes"] == small).all()
 
 
 def test_keeping_a_stand_in_swaps_the_item_in_place_and_frees_its_bytes() -> None:
@@ -210,7 +230,8 @@ def test_keeping_a_stand_in_swaps_the_item_in_place_and_frees_its_bytes() -> Non
     assert cache.keep_stand_in("b", full.data)
     assert _keys(cache) == ["a", "c", "b"]  # where the lookup left it: not moved by the swap
     held = cache.get("b")
-    assert held is not None and held.stand_in and held.data["pixel_values"].is_meta
+    assert held is not None and held.stand_in
+    assert held.feature_data()["pixel_values"].is_meta
     assert cache.nbytes == before - full.nbytes + STAND_IN_BYTES
     assert cache.stats().stand_ins == 1
     assert not cache.keep_stand_in("b", held.data)  # a stand-in already

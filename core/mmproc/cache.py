@@ -24,12 +24,13 @@ immutable and shared, their ``data`` a read-only mapping: treat the tensors as r
 
 Stand-ins: a front end whose engine holds an item's tensors (it said so, `mmproc.wire`) needs
 only the item's metadata to send it again by reference. :meth:`ProcessorCache.keep_stand_in`
-swaps such an item for its *stand-in* (:meth:`CachedItem.as_stand_in`: its big tensors become
-``torch`` meta tensors, dtype and shape without memory), which keeps its place in the LRU order
-and is charged `STAND_IN_BYTES`; the memory goes back to the allocator, so new items reuse it
-instead of costing fresh pages. A stand-in hit gives a feature that can only go by reference;
-should the engine lack it after all, :meth:`ProcessorCache.drop_stand_in` forgets it, and the
-request is processed again.
+swaps such an item for its *stand-in* (:meth:`CachedItem.as_stand_in`: its tensors' dtypes and
+shapes, and the values of small ones, as plain Python objects; a hit's features get ``torch``
+meta tensors, dtype and shape without memory, for the big ones), which keeps its place in the
+LRU order and is charged `STAND_IN_BYTES`; the memory goes back to the allocator, so new items
+reuse it instead of costing fresh pages. A stand-in hit gives a feature that can only go by
+reference; should the engine lack it after all, :meth:`ProcessorCache.drop_stand_in` forgets
+it, and the request is processed again.
 
 The bound: ``ProcessorCache(max_bytes)``; ``None`` reads ``MMPROC_CACHE_BYTES`` (an integer, or
 with a unit: ``512MiB``, ``4GiB``, ``2GB``) and falls back to 4 GiB; ``0`` disables the cache.
@@ -165,22 +166,47 @@ def _compact_value(value: Any) -> Any:
     return value
 
 
-def _stand_in_value(value: Any) -> Any:
+@dataclass(frozen=True, slots=True)
+class _Described:
+    """What a stand-in keeps of a tensor or array, in plain Python objects: a big one's dtype
+    and shape (it comes back as a meta tensor), a small one's values too.
+
+    Plain Python objects because a stand-in lives long: tensors (meta ones included) and arrays
+    are C allocations, made amid a request's megabytes of transient buffers, and a small one
+    kept there stops malloc from merging the freed space around it, so the heap would grow by
+    a fragment with every new item."""
+
+    numpy: bool  # a small numpy array (big ones come back as torch meta tensors)
+    dtype: Any  # a torch dtype, or a small array's numpy dtype string
+    shape: tuple[int, ...]
+    values: Any = None  # a small one's, as nested lists; None: a big one
+
+    def restored(self) -> Any:
+        import torch
+
+        if self.values is None:
+            return torch.empty(self.shape, dtype=self.dtype, device="meta")
+        if self.numpy:
+            return np.array(self.values, dtype=self.dtype).reshape(self.shape)
+        return torch.tensor(self.values, dtype=self.dtype).reshape(self.shape)
+
+
+def _described(value: Any) -> Any:
+    small = getattr(value, "nbytes", 0) < _STAND_IN_MIN_BYTES
     if is_torch_tensor(value):
-        if value.is_meta or value.nbytes < _STAND_IN_MIN_BYTES:
-            return value
-        import torch
+        values = value.tolist() if small and not value.is_meta else None
+        return _Described(False, value.dtype, tuple(value.shape), values)
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc":
+        return value  # strings, objects: no tensor the wire sends
+    if small:
+        return _Described(True, value.dtype.str, value.shape, value.tolist())
+    import torch
 
-        return torch.empty(value.shape, dtype=value.dtype, device="meta")
-    if isinstance(value, np.ndarray) and value.nbytes >= _STAND_IN_MIN_BYTES:
-        import torch
-
-        try:
-            dtype = torch.from_numpy(np.empty(0, value.dtype)).dtype
-        except TypeError:
-            return value  # no torch dtype (strings, objects): not a tensor the wire sends
-        return torch.empty(value.shape, dtype=dtype, device="meta")
-    return value
+    try:
+        dtype = torch.from_numpy(np.empty(0, value.dtype)).dtype
+    except TypeError:
+        return value  # a dtype torch lacks (big-endian): kept as it is
+    return _Described(False, dtype, value.shape)
 
 
 def compact_entry(entry: Entry) -> dict[str, Any]:
@@ -204,7 +230,8 @@ class CachedItem:
     prompt_updates: tuple[ResolvedPromptUpdate, ...]
     nbytes: int
     stand_in: bool = False
-    """Its big tensors are meta tensors (see the module docs): it can only go by reference."""
+    """It keeps only descriptions of its tensors (see the module docs and `feature_data`): it
+    can only go by reference."""
 
     @classmethod
     def of(
@@ -222,10 +249,23 @@ class CachedItem:
         return cls(MappingProxyType(stored), tuple(prompt_updates), size)
 
     def as_stand_in(self) -> CachedItem:
-        """This item with its tensors and arrays of 1 KiB and more replaced by ``torch`` meta
-        tensors of the same dtype and shape, charged `STAND_IN_BYTES`."""
-        stored = {key: _stand_in_value(value) for key, value in self.data.items()}
+        """This item as a stand-in, charged `STAND_IN_BYTES`: its tensors and arrays kept as
+        descriptions, which `feature_data` turns back into values, those of 1 KiB and more
+        into ``torch`` meta tensors of the same dtype and shape."""
+        stored = {key: _described(value) for key, value in self.data.items()}
         return CachedItem(MappingProxyType(stored), self.prompt_updates, STAND_IN_BYTES, True)
+
+    def feature_data(self) -> Mapping[str, Any]:
+        """The item's outputs for a feature: ``data`` itself, or for a stand-in, values made
+        from its descriptions now (meta tensors for the big ones), the request's own."""
+        if not self.stand_in:
+            return self.data
+        return MappingProxyType(
+            {
+                key: value.restored() if isinstance(value, _Described) else value
+                for key, value in self.data.items()
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)

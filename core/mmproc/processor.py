@@ -779,7 +779,7 @@ class Processor:
         for modality, ranges in placeholders.items():
             for index, placeholder in enumerate(ranges):
                 item = by_ref[modality, index]
-                data = entries[item.key].data
+                data = entries[item.key].feature_data()
                 features.append(
                     MultiModalFeature(
                         modality=modality,
