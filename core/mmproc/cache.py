@@ -73,11 +73,11 @@ DEFAULT_CACHE_BYTES = 4 << 30
 """The default bound: 4 GiB."""
 
 STAND_IN_BYTES = 2048
-"""What a stand-in entry is charged: its Python objects (prompt updates, meta tensors, small
-tensors kept), whose memory its tensors' ``nbytes`` no longer stands for."""
+"""What a stand-in entry is charged: its Python objects (prompt updates, the descriptions of its
+tensors), for which no tensor's ``nbytes`` stands any more."""
 
-# Tensors and arrays smaller than this stay real in a stand-in (grids and the like: cheap, and
-# readable by whoever looks at the feature).
+# A stand-in keeps the values of tensors and arrays smaller than this (grids and the like:
+# cheap, and readable by whoever looks at the feature); bigger ones come back as meta tensors.
 _STAND_IN_MIN_BYTES = 1024
 
 CACHE_BYTES_ENV = "MMPROC_CACHE_BYTES"
