@@ -781,6 +781,22 @@ def test_once_the_engine_holds_an_item_the_server_keeps_only_a_stand_in_and_refe
         assert "mmproc_cache_stand_ins 1.0" in metrics
 
 
+def test_a_server_told_its_engine_keeps_no_items_sends_each_in_full_and_keeps_them_whole(
+    serve: Callable[..., Served], tmp_path: Path
+) -> None:
+    address = f"ipc://{tmp_path}/engine.sock"
+    chat = image_chat(42)
+    # The receiver would keep them: only the setting stops references and stand-ins.
+    with RequestReceiver(address, bind=True) as receiver:
+        native = serve(engine=address, engine_item_cache_bytes=0)
+        for _ in range(2):
+            _, taken = ask_engine(native, receiver, chat)
+            assert taken.features[0].data["pixel_values"].dtype == torch.uint8
+        stats = native.app.state.server.processor.cache.stats()
+        assert (stats.entries, stats.stand_ins, stats.hits) == (1, 0, 1)
+        assert receiver.stats.items_in_full == 2 and receiver.stats.items_by_reference == 0
+
+
 def test_an_engine_restarted_empty_gets_a_stand_in_s_item_in_full_computed_again(
     serve: Callable[..., Served], tmp_path: Path
 ) -> None:
@@ -893,18 +909,20 @@ def command(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     server.wait(30)
 
 
-def test_the_command_takes_the_encoded_item_cache_size_with_a_unit() -> None:
+@pytest.mark.parametrize("option", ["encoded-item-cache-bytes", "engine-item-cache-bytes"])
+def test_the_command_takes_an_item_cache_size_with_a_unit(option: str) -> None:
     import argparse
 
     from mmproc.serve.command import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert parser.parse_args([]).encoded_item_cache_bytes is None  # the settings' default
-    parsed = parser.parse_args(["--encoded-item-cache-bytes", "512MiB"])
-    assert parsed.encoded_item_cache_bytes == 512 << 20
+    name = option.replace("-", "_")
+    assert getattr(parser.parse_args([]), name) is None  # the settings' default
+    parsed = parser.parse_args([f"--{option}", "512MiB"])
+    assert getattr(parsed, name) == 512 << 20
     with pytest.raises(SystemExit):
-        parser.parse_args(["--encoded-item-cache-bytes", "lots"])
+        parser.parse_args([f"--{option}", "lots"])
 
 
 def test_the_command_takes_a_heap_reserve_below_mallocs_mmap_threshold() -> None:

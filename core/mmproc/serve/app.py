@@ -122,6 +122,12 @@ class ServeSettings:
     ``engine_ack_timeout_s`` / ``engine_max_attempts``
         how long the engine has to acknowledge a request before it is sent again, and how many
         sends before the HTTP request fails (502); default: the wire's.
+    ``engine_item_cache_bytes``
+        the bytes of items the engine's receiver keeps (its ``item_cache_bytes``; default the
+        wire's, 1 GiB; 0: it keeps none, so every item goes in full and the server keeps whole
+        items): what the server takes it to hold, and so sends by reference and keeps only
+        stand-ins of. Set it to the receiver's: a larger guess costs a render again for each
+        item guessed wrong.
     ``encoded_item_cache_bytes``
         bytes of encoded items kept for repeated media, each from its second time on (default
         1 GiB; 0: none; ``mmproc serve --encoded-item-cache-bytes``).
@@ -138,6 +144,7 @@ class ServeSettings:
     engine: str | None = None
     engine_ack_timeout_s: float | None = None
     engine_max_attempts: int | None = None
+    engine_item_cache_bytes: int | None = None
     encoded_item_cache_bytes: int = 1 << 30
 
     @property
@@ -253,6 +260,8 @@ class _Server:
                 options["ack_timeout"] = settings.engine_ack_timeout_s
             if settings.engine_max_attempts is not None:
                 options["max_attempts"] = settings.engine_max_attempts
+            if settings.engine_item_cache_bytes is not None:
+                options["item_cache_bytes"] = settings.engine_item_cache_bytes
             self.engine = EngineLink(settings.engine, **options)
             self.metrics.watch_engine(self.engine)
         try:

@@ -127,6 +127,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue", type=_positive_int, default=256, help="requests waiting")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     parser.add_argument(
+        "--engine-item-cache-bytes",
+        type=_byte_size("--engine-item-cache-bytes"),
+        metavar="SIZE",
+        help="bytes of items the engine's receiver keeps (its item_cache_bytes; set it to the "
+        "receiver's): sent by reference, and only stand-ins kept here (0: none; default 1GiB)",
+    )
+    parser.add_argument(
         "--encoded-item-cache-bytes",
         type=_byte_size("--encoded-item-cache-bytes"),
         metavar="SIZE",
@@ -233,6 +240,10 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.encoded_item_cache_bytes is not None:
             settings = dataclasses.replace(
                 settings, encoded_item_cache_bytes=args.encoded_item_cache_bytes
+            )
+        if args.engine_item_cache_bytes is not None:
+            settings = dataclasses.replace(
+                settings, engine_item_cache_bytes=args.engine_item_cache_bytes
             )
         print(
             f"mmproc serve: {described}, as {names[0]!r}, on http://{args.host}:{args.port}",
