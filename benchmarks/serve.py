@@ -338,6 +338,8 @@ def mmproc_server(
     if cache_bytes is not None:
         command += ["--option", f"cache_bytes={cache_bytes}"]
         command += ["--encoded-item-cache-bytes", str(cache_bytes)]
+        if native:  # what the engine keeps (its item_cache_bytes below), the server knows
+            command += ["--engine-item-cache-bytes", str(cache_bytes)]
     name = "mmproc native" if native else "mmproc json"
     return Server(name, command, engine_cache_bytes=cache_bytes)
 
