@@ -717,20 +717,36 @@ def test_a_full_queue_is_a_503_with_retry_after_and_a_slow_request_a_504(
 # --- the native path ----------------------------------------------------------------------------
 
 
+def ask_engine(
+    native: Served, receiver: RequestReceiver, messages: Any, **body: Any
+) -> tuple[httpx.Response, Any]:
+    """One native chat request, and what the engine behind ``receiver`` took of it."""
+    received: list[Any] = []
+    reader = threading.Thread(target=lambda: received.append(receiver.recv(timeout=30)))
+    reader.start()
+    response = native.chat(messages, **body)
+    reader.join(30)
+    assert response.status_code == 200, response.text
+    [request] = received
+    return response, request
+
+
+def assert_same_item(got: Any, expected: Any) -> None:
+    """The engine took ``got`` (a request) with the first item's tensors of ``expected``."""
+    for name, tensor in expected.features[0].data.items():
+        assert torch.equal(got.features[0].data[name], tensor)
+
+
 def test_the_native_path_sends_the_request_to_the_engine_and_answers_without_tensors(
     serve: Callable[..., Served], tmp_path: Path
 ) -> None:
     address = f"ipc://{tmp_path}/engine.sock"
     with RequestReceiver(address, bind=True) as receiver:
         native = serve(engine=address)
-        received: list[Any] = []
-        reader = threading.Thread(target=lambda: received.append(receiver.recv(timeout=30)))
-        reader.start()
-        response = native.chat(image_chat(30), request_id="n1", max_tokens=8)
-        reader.join(30)
-        assert response.status_code == 200, response.text
+        response, request = ask_engine(
+            native, receiver, image_chat(30), request_id="n1", max_tokens=8
+        )
         answer = response.json()
-        [request] = received
         assert answer["request_id"] == "chatcmpl-n1"
         assert answer["engine_request_id"] == request.request_id
         assert request.request_id.startswith("chatcmpl-n1-")
@@ -744,19 +760,6 @@ def test_the_native_path_sends_the_request_to_the_engine_and_answers_without_ten
         assert "mmproc_engine_acknowledged_total 1.0" in metrics
         assert "mmproc_engine_items_in_full_total 1.0" in metrics
         assert "mmproc_engine_unsettled 0.0" in metrics
-
-
-def ask_engine(
-    native: Served, receiver: RequestReceiver, messages: Any
-) -> tuple[httpx.Response, Any]:
-    """One native chat request, and what the engine behind ``receiver`` took of it."""
-    received: list[Any] = []
-    reader = threading.Thread(target=lambda: received.append(receiver.recv(timeout=30)))
-    reader.start()
-    response = native.chat(messages)
-    reader.join(30)
-    assert response.status_code == 200, response.text
-    return response, received[0]
 
 
 def test_once_the_engine_holds_an_item_the_server_keeps_only_a_stand_in_and_refers_to_it(
@@ -774,8 +777,7 @@ def test_once_the_engine_holds_an_item_the_server_keeps_only_a_stand_in_and_refe
         assert answer.json()["features"]["mm_hashes"]["image"] == [first.features[0].hash]
         assert list(again.prompt_token_ids) == list(first.prompt_token_ids)
         # The engine filled the reference in with the tensors it took the first time.
-        for name, tensor in first.features[0].data.items():
-            assert torch.equal(again.features[0].data[name], tensor)
+        assert_same_item(again, first)
         metrics = native.client.get("/metrics").text
         assert "mmproc_engine_items_by_reference_total 1.0" in metrics
         assert "mmproc_cache_stand_ins 1.0" in metrics
@@ -809,8 +811,7 @@ def test_an_engine_restarted_empty_gets_a_stand_in_s_item_in_full_computed_again
     with RequestReceiver(address, bind=True) as restarted:  # empty: it holds nothing
         answer, again = ask_engine(native, restarted, chat)
     assert answer.json()["engine_request_id"] == again.request_id
-    for name, tensor in first.features[0].data.items():
-        assert torch.equal(again.features[0].data[name], tensor)
+    assert_same_item(again, first)
     assert restarted.stats.items_in_full == 1
     metrics = native.client.get("/metrics").text
     assert 'mmproc_stand_in_misses_total{endpoint="chat"} 1.0' in metrics

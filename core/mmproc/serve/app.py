@@ -485,7 +485,7 @@ class _Server:
             return inputs
 
         inputs, features, engine_id = await self._deliver(
-            render, chat.request_id, chat.sampling, chat.with_tensors, "chat"
+            await render(), render, chat.request_id, chat.sampling, chat.with_tensors, "chat"
         )
         answer = generate_request(
             request_id=chat.request_id,
@@ -526,14 +526,11 @@ class _Server:
                 )
             else:
                 ids = prompt
-            rendered = await self.processor.process_async(ids)
+            inputs = await self.processor.process_async(ids)
             self.metrics.observe("completions", "render", time.perf_counter() - begin)
-
-            async def render(rendered: ProcessedInputs = rendered) -> ProcessedInputs:
-                return rendered  # no media: nothing a stand-in could stand for
-
+            # No media: nothing a stand-in could stand for, so never rendered again.
             inputs, _, engine_id = await self._deliver(
-                render, request_id, completion.sampling, False, "completions"
+                inputs, None, request_id, completion.sampling, False, "completions"
             )
             answers.append(
                 generate_request(
@@ -553,16 +550,16 @@ class _Server:
 
     async def _deliver(
         self,
-        render: Callable[[], Awaitable[ProcessedInputs]],
+        inputs: ProcessedInputs,
+        render: Callable[[], Awaitable[ProcessedInputs]] | None,
         request_id: str,
         sampling: Mapping[str, Any],
         with_tensors: bool,
         endpoint: str,
     ) -> tuple[ProcessedInputs, dict[str, Any] | None, str | None]:
-        """The request ``render`` makes, the answer's ``features``, and the engine request id on
-        the native path (where the request went to the engine and the answer carries no
-        tensors)."""
-        inputs = await render()
+        """The request as answered (on the native path ``render`` makes it again should the
+        engine lack items of it), the answer's ``features``, and the engine request id on the
+        native path (where the request went to the engine and the answer carries no tensors)."""
         engine_id = None
         if self.engine is not None:
             inputs, engine_id = await self._send_to_engine(
@@ -589,7 +586,7 @@ class _Server:
     async def _send_to_engine(
         self,
         inputs: ProcessedInputs,
-        render: Callable[[], Awaitable[ProcessedInputs]],
+        render: Callable[[], Awaitable[ProcessedInputs]] | None,
         request_id: str,
         sampling: Mapping[str, Any],
         endpoint: str,
@@ -614,7 +611,7 @@ class _Server:
                 # added, its sampling parameters (the wire nests less deeply than JSON).
                 raise BadRequest(f"the request cannot be sent to the engine: {exc}") from None
             except EngineLacksItems:
-                if attempt + 1 == _STAND_IN_ATTEMPTS:
+                if render is None or attempt + 1 == _STAND_IN_ATTEMPTS:
                     raise
                 self.metrics.count_stand_in_miss(endpoint)
                 self.processor.drop_stand_ins(inputs.features)
