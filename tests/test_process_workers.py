@@ -44,9 +44,16 @@ from mmproc.errors import (
     WorkerProcessError,
 )
 from mmproc.lent_blocks import LENDABLE_BLOCKS, SHM_HEADROOM, LendableBlocks
+from mmproc.media.pillow_pixels import still_borrowed
 from mmproc.output_memory import OutputArena, outputs_in
 from mmproc.plugin import output_tensor
-from mmproc.process_workers import WorkerProcesses, WorkerSpec, _portable, _send_answer
+from mmproc.process_workers import (
+    WorkerProcesses,
+    WorkerSpec,
+    _items_kept,
+    _portable,
+    _send_answer,
+)
 from mmproc.shared_blocks import (
     AttachedBlocks,
     KeptBlock,
@@ -118,9 +125,16 @@ def test_the_cache_is_the_serving_processs_one_for_every_worker(
 
 
 def test_an_item_a_worker_rejects_is_named_as_with_threads(processes: mmproc.Processor) -> None:
+    def items_blocks() -> set[str]:
+        return {name for name in processes._processes.kept_blocks if name.endswith("_in")}  # type: ignore[union-attr]
+
+    before = items_blocks()
     too_wide = noise_image(2010, 10, seed=5)  # 201:1, over Qwen's 200:1
     with pytest.raises(mmproc.MediaItemError, match=r"image item 1: .*aspect ratio"):
         processes.process(IMAGE * 2, {"image": [noise_image(64, 64, seed=6), too_wide]})
+    # The failed calls let go of their items (images made over the items block): every worker
+    # keeps its block.
+    assert before and before <= items_blocks()
 
 
 def wait_for_workers(processor: mmproc.Processor, count: int) -> list[int]:
@@ -495,15 +509,41 @@ def test_items_cross_in_shared_memory_as_they_were_given() -> None:
     try:
         at, described = write_items(items, inbox, call_block_names()[0])
         assert at is not None and at[1]  # in the worker's kept block
-        back = read_items(AttachedBlocks(), at, described)
+        copied = read_items(AttachedBlocks(), at, described)
+        borrowed: list[int] = []
+        lent = read_items(AttachedBlocks(), at, described, borrowed)
+        # The RGB, L and RGBA images in one block are the block's memory; the rest are copies.
+        assert len(borrowed) == 3 and all(map(still_borrowed, borrowed))
+        assert [image.readonly for image in lent["image"]] == [1, 0, 1, 1, 0]
+        for back in (copied, lent):
+            for given, got in zip(items["image"], back["image"]):
+                assert (got.mode, got.size) == (given.mode, given.size)
+                assert np.array_equal(np.asarray(got), np.asarray(given))
+            assert np.array_equal(back["video"][0].frames, frames)
+            assert back["video"][0].metadata == metadata
+            assert np.array_equal(back["audio"][0].waveform, items["audio"][0].waveform)
+            assert back["audio"][0].sample_rate == 16000
+        del lent, back, got  # the images made over the block go with the last reference
+        assert not any(map(still_borrowed, borrowed))
     finally:
         inbox.drop()
-    for given, got in zip(items["image"], back["image"]):
-        assert (got.mode, got.size) == (given.mode, given.size)
-        assert np.array_equal(np.asarray(got), np.asarray(given))
-    assert np.array_equal(back["video"][0].frames, frames) and back["video"][0].metadata == metadata
-    assert np.array_equal(back["audio"][0].waveform, items["audio"][0].waveform)
-    assert back["audio"][0].sample_rate == 16000
+
+
+def test_a_call_that_kept_its_items_is_told_apart_from_one_that_let_them_go() -> None:
+    inbox = KeptBlock(98, "in")
+    try:
+        at, described = write_items({"image": [noise_image(9, 7, seed=22)]}, inbox, "unused")
+        borrowed: list[int] = []
+        items = read_items(AttachedBlocks(), at, described, borrowed)
+        kept = items["image"][0]
+        del items
+        assert _items_kept(borrowed)  # the serving process must not write that block again
+        cycle: list[object] = [kept]
+        cycle.append(cycle)
+        del kept, cycle  # only a cycle holds it now: the check collects it
+        assert not _items_kept(borrowed)
+    finally:
+        inbox.drop()
 
 
 def test_outputs_of_every_size_and_dtype_come_back_bit_for_bit() -> None:
@@ -619,9 +659,10 @@ def test_outputs_that_cannot_be_sent_back_are_answered_with_an_error_and_freed()
     outputs = {"image": [{"pixel_values": torch.ones(4, 3), "made_by": lambda: None}]}
     at, layout = write_outputs(outputs, outputs_name)
     assert call_blocks() == [outputs_name]
-    assert _send_answer(worker_end, ("ok", (at, layout, None)), outputs_name, "Tiny (plugin 'x')")
-    status, detail = serving_end.recv()
-    assert status == "error"
+    answer = ("ok", (at, layout, None), False)
+    assert _send_answer(worker_end, answer, outputs_name, "Tiny (plugin 'x')")
+    status, detail, items_kept = serving_end.recv()
+    assert (status, items_kept) == ("error", False)
     with pytest.raises(ProcessingError, match=r"^Tiny \(plugin 'x'\): the outputs cannot be sent"):
         raise pickle.loads(detail)
     assert call_blocks() == []

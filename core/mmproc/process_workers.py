@@ -9,9 +9,10 @@ prompt updates, tokenising, so the outputs are those of the thread pool, bit for
 
 A call's items go to the worker, and its per-item outputs come back, through shared memory
 (:mod:`mmproc.shared_blocks`): two blocks each worker keeps from call to call, the serving
-process's to make, grow and unlink, and blocks of a call's own for what does not fit them. The
-outputs are read without a copy where they can be: out of a block lent to them until they are
-gone (:mod:`mmproc.lent_blocks`).
+process's to make, grow and unlink, and blocks of a call's own for what does not fit them. Both
+sides read without a copy where they can: the worker's images are made over the items block
+(a plugin that keeps one past its call gets a new block for the next), and the outputs are read
+out of a block lent to them until they are gone (:mod:`mmproc.lent_blocks`).
 
 Workers are spawned (a fresh interpreter: no state forked from the server), side by side, each
 loading its processor once; by default in the background at start-up, so that construction does
@@ -31,6 +32,7 @@ worker).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import multiprocessing
 import pickle
@@ -47,6 +49,7 @@ from typing import Any
 from mmproc.errors import MmprocError, ProcessingError, WorkerProcessError
 from mmproc.executor import intra_op_threads_for
 from mmproc.lent_blocks import LENDABLE_BLOCKS, LendableBlocks
+from mmproc.media.pillow_pixels import still_borrowed
 from mmproc.shared_blocks import (
     AttachedBlocks,
     KeptBlock,
@@ -86,9 +89,7 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
     """A worker process: build the processor, then answer calls until told to stop.
     ``torch_threads``: torch's intra-op threads, so that the workers together fit the cores as
     the thread pool's do."""
-    from mmproc.fields import prompt_ids_row, split_outputs
     from mmproc.malloc_settings import keep_freed_memory
-    from mmproc.output_memory import outputs_in
 
     # The process is mmproc's own: each call's megabyte buffers are kept for the next, not
     # faulted in again (a host process's allocator is not the library's to change).
@@ -105,8 +106,7 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
     except BaseException as exc:  # the parent says why the worker could not start
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    model, ctx, hf = processor.model, processor.ctx, processor.hf_processor
-    named = f"{ctx.architecture} (plugin {ctx.plugin!r})"
+    named = f"{processor.ctx.architecture} (plugin {processor.ctx.plugin!r})"
     attached = AttachedBlocks(outputs=1 + LENDABLE_BLOCKS)
     conn.send(("ready", None))
     while True:
@@ -119,36 +119,63 @@ def _worker_main(conn: Connection, spec: WorkerSpec, torch_threads: int) -> None
             return
         mode, text, items_at, described, kwargs, outbox, call_outputs, forget = message
         attached.forget(forget)
-        answer: tuple[str, Any]
-        try:
-            items = read_items(attached, items_at, described)
-            counts = {modality: len(values) for modality, values in items.items()}
-            # Outputs the plugin makes with output_tensor go straight into the outputs block.
-            box = None if outbox is None else attached("out", outbox[0]).buf
-            with outputs_in(box) as arena:
-                outputs = model.process_mm_data(ctx, mode, text, items, hf, kwargs)
-                per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
-                ids = outputs.get("input_ids") if "input_ids" in outputs else None
-                at, layout = write_outputs(
-                    per_item, call_outputs, attached=attached, outbox=outbox, arena=arena
-                )
-                # Views of the block held past the call would keep a block the serving process
-                # drops from being unmapped here.
-                del outputs, per_item, items
-            del arena, box
-            answer = ("ok", (at, layout, None if ids is None else prompt_ids_row(ids)))
-        except BaseException as exc:
-            release_block(call_outputs)  # write_outputs may have made it before the failure
-            if isinstance(exc, WorkerProcessError):  # no shared memory: say whose request
-                exc = WorkerProcessError(f"{named}: this request's outputs: {exc}")
-            answer = ("error", _portable(exc))
-        if not _send_answer(conn, answer, call_outputs, named):
+        borrowed: list[int] = []  # the images made over the items block's memory
+        call = (mode, text, items_at, described, kwargs, outbox, call_outputs)
+        answer = _answer_call(processor, attached, call, named, borrowed)
+        # The call's items are gone with _answer_call's frame, unless the plugin kept them.
+        if not _send_answer(conn, (*answer, _items_kept(borrowed)), call_outputs, named):
             return
 
 
-def _send_answer(conn: Connection, answer: tuple[str, Any], outputs_name: str, named: str) -> bool:
-    """Send a call's answer; False when the serving process is gone. Outputs that cannot be sent
-    (a value that does not pickle) have their block released and are answered with the error."""
+def _answer_call(
+    processor: Any, attached: AttachedBlocks, call: tuple[Any, ...], named: str, borrowed: list[int]
+) -> tuple[str, Any]:
+    """Run one call: ``("ok", (where the outputs lie, their layout, the prompt's ids))``, or
+    ``("error", the exception pickled)``. ``borrowed``: see :func:`read_items`."""
+    from mmproc.fields import prompt_ids_row, split_outputs
+    from mmproc.output_memory import outputs_in
+
+    model, ctx, hf = processor.model, processor.ctx, processor.hf_processor
+    mode, text, items_at, described, kwargs, outbox, call_outputs = call
+    try:
+        items = read_items(attached, items_at, described, borrowed)
+        counts = {modality: len(values) for modality, values in items.items()}
+        # Outputs the plugin makes with output_tensor go straight into the outputs block.
+        box = None if outbox is None else attached("out", outbox[0]).buf
+        with outputs_in(box) as arena:
+            outputs = model.process_mm_data(ctx, mode, text, items, hf, kwargs)
+            per_item = split_outputs(outputs, model.get_mm_fields(ctx, outputs), counts)
+            ids = outputs.get("input_ids") if "input_ids" in outputs else None
+            at, layout = write_outputs(
+                per_item, call_outputs, attached=attached, outbox=outbox, arena=arena
+            )
+            # Views of the block held past the call would keep a block the serving process
+            # drops from being unmapped here.
+            del outputs, per_item, items
+        del arena, box
+        return "ok", (at, layout, None if ids is None else prompt_ids_row(ids))
+    except BaseException as exc:
+        release_block(call_outputs)  # write_outputs may have made it before the failure
+        if isinstance(exc, WorkerProcessError):  # no shared memory: say whose request
+            exc = WorkerProcessError(f"{named}: this request's outputs: {exc}")
+        return "error", _portable(exc)
+
+
+def _items_kept(borrowed: list[int]) -> bool:
+    """Whether an image of the call's items is still alive after the call (the plugin kept it):
+    the serving process must then give the worker a new items block, not write this one."""
+    if not any(map(still_borrowed, borrowed)):
+        return False
+    gc.collect()  # a traceback's frames may hold them in a cycle
+    return any(map(still_borrowed, borrowed))
+
+
+def _send_answer(
+    conn: Connection, answer: tuple[str, Any, bool], outputs_name: str, named: str
+) -> bool:
+    """Send a call's answer (its status, what it gave, whether it kept its items); False when
+    the serving process is gone. Outputs that cannot be sent (a value that does not pickle) have
+    their block released and are answered with the error."""
     try:
         conn.send(answer)
         return True
@@ -161,7 +188,7 @@ def _send_answer(conn: Connection, answer: tuple[str, Any], outputs_name: str, n
             f"{named}: the outputs cannot be sent back from the worker process: "
             f"{type(exc).__name__}: {exc}"
         )
-        conn.send(("error", pickle.dumps(error)))
+        conn.send(("error", pickle.dumps(error), answer[2]))
         return True
 
 
@@ -315,6 +342,7 @@ class WorkerProcesses:
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._warned_kept_items = False
         self._started = 0
         self._in_flight = 0
         # Set by close: a worker still starting is stopped, and close waits for that, so that
@@ -476,8 +504,10 @@ class WorkerProcesses:
                     finally:
                         self._count_in_flight(-1)
                     lease.busy = False
-                    status, detail = pickle.loads(answer)
+                    status, detail, items_kept = pickle.loads(answer)
                     answered = True  # the worker left no block of this call but what it says
+                    if items_kept:
+                        self._items_block_kept(worker)
                     if status == "ok":  # read before the worker's blocks are written again
                         at, layout, ids = detail
                         outputs, lendable = self._outputs(worker, at, layout, lendable)
@@ -496,6 +526,19 @@ class WorkerProcesses:
         if isinstance(error, MmprocError):
             raise error
         raise ProcessingError(f"{self._model}: {type(error).__name__}: {error}")
+
+    def _items_block_kept(self, worker: _Worker) -> None:
+        """The plugin kept an image of the items past its call, and the image is the items
+        block's memory: the worker gets a new block next time, and keeps that one mapped until
+        the image is gone."""
+        worker.inbox.drop()
+        if not self._warned_kept_items:
+            self._warned_kept_items = True
+            logger.warning(
+                "%s: process_mm_data kept a reference to its items after it returned; with "
+                "worker_kind='process' each such call costs a new shared memory block",
+                self._model,
+            )
 
     def _outputs(
         self, worker: _Worker, at: Where, layout: list[Any], lendable: KeptBlock | None

@@ -276,13 +276,20 @@ def write_items(
     return (block.name, kept is not None, offset), described
 
 
-def read_items(attached: AttachedBlocks, at: Where, described: list[Any]) -> dict[str, list[Any]]:
-    """The items a worker was sent, copied out of shared memory (the block is used again)."""
+def read_items(
+    attached: AttachedBlocks, at: Where, described: list[Any], borrowed: list[int] | None = None
+) -> dict[str, list[Any]]:
+    """The items a worker was sent, copied out of shared memory (the block is used again); given
+    ``borrowed``, the images in the worker's kept block are made over its memory instead, where
+    Pillow can (:func:`~mmproc.media.pillow_pixels.borrowed_image`), and their tokens added to
+    it: the block must not be written again while one of them is alive."""
     from PIL import Image
 
     from mmproc.media.items import AudioItem, VideoItem
+    from mmproc.media.pillow_pixels import borrowed_image
 
     block = None if at is None else attached("in", at[0]) if at[1] else SharedMemory(name=at[0])
+    lend = borrowed is not None and at is not None and at[1]
     try:
         items: dict[str, list[Any]] = {}
         for modality, entries in described:
@@ -297,7 +304,18 @@ def read_items(attached: AttachedBlocks, at: Where, described: list[Any]) -> dic
                 if kind == "image":  # frombytes copies (fromarray may not, for L and RGBA)
                     mode, raw_mode = extra
                     size = (shape[1], shape[0])
-                    values.append(Image.frombytes(mode, size, view, "raw", raw_mode))
+                    lent = None
+                    if lend and raw_mode == ("RGBX" if mode == "RGB" else mode):
+                        assert block.buf is not None  # mapped: the view above is of it
+                        pixels = block.buf[offset : offset + view.nbytes]
+                        lent = borrowed_image(pixels, mode, size)
+                        del pixels  # the image keeps its own export of the block
+                    if lent is None:
+                        values.append(Image.frombytes(mode, size, view, "raw", raw_mode))
+                    else:
+                        values.append(lent[0])
+                        assert borrowed is not None
+                        borrowed.append(lent[1])
                 elif kind == "video":
                     values.append(VideoItem(view.copy(), extra))
                 else:

@@ -1,9 +1,12 @@
-"""An RGB image's pixels read where Pillow holds them, without the copy ``np.asarray`` makes.
+"""An image's pixels read where Pillow holds them, and an image made over memory that is
+already there, without the copies ``np.asarray`` and ``Image.frombytes`` make.
 
 Pillow keeps an RGB image as four bytes per pixel (the fourth unused) and, from 11.2, exports an
-image held in one memory block through the Arrow C data interface. Reading that memory in place
-saves a copy of the whole image (a millisecond or so on a large one) wherever pixels are only
-read: a resize that takes channels-last memory, a copy into shared memory for a worker process.
+image held in one memory block through the Arrow C data interface, and makes an image over
+memory another exports the same way. Reading that memory in place saves a copy of the whole
+image (a millisecond or so on a large one) wherever pixels are only read: a resize that takes
+channels-last memory, a copy into shared memory for a worker process, and the image a worker
+process reads out of that shared memory (:func:`borrowed_image`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import ctypes
 import numpy as np
 from PIL import Image
 
-__all__ = ["rgb_pixels", "rgbx_pixels"]
+__all__ = ["borrowed_image", "rgb_pixels", "rgbx_pixels", "still_borrowed"]
 
 
 class _ArrowSchema(ctypes.Structure):
@@ -49,11 +52,100 @@ _ArrowArray._fields_ = (
     ("private_data", ctypes.c_void_p),
 )
 
-# Our own prototype of PyCapsule_GetPointer: setting argtypes on ctypes.pythonapi's shared
-# function object would change it for every other user in the process.
+# Our own prototypes of PyCapsule_GetPointer and PyCapsule_New: setting argtypes on
+# ctypes.pythonapi's shared function objects would change them for every other user in the
+# process.
 _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
     ("PyCapsule_GetPointer", ctypes.pythonapi)
 )
+_capsule_new = ctypes.PYFUNCTYPE(
+    ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p
+)(("PyCapsule_New", ctypes.pythonapi))
+
+# The bytes per pixel of each mode's Pillow storage that borrowed_image takes.
+_BORROWABLE = {"L": 1, "RGB": 4, "RGBA": 4}
+
+# The memory of every borrowed image still alive, by the address of its array's capsule.
+_lent: dict[int, _LentPixels] = {}
+
+
+def _capsule_gone(address: int, lent: dict[int, _LentPixels] = _lent) -> None:
+    lent.pop(address, None)  # bound at definition: it may run while the interpreter exits
+
+
+def _released(address: int, offset: int) -> None:
+    ctypes.c_void_p.from_address(address + offset).value = None  # "released", as the spec says
+
+
+_Callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+# The callbacks live for good: any capsule or struct still alive may call them.
+_callbacks = (
+    _Callback(_capsule_gone),
+    _Callback(lambda address: _released(address, _ArrowSchema.release.offset)),
+    _Callback(lambda address: _released(address, _ArrowArray.release.offset)),
+)
+_CAPSULE_GONE, _RELEASE_SCHEMA, _RELEASE_ARRAY = (
+    ctypes.cast(callback, ctypes.c_void_p).value for callback in _callbacks
+)
+
+
+class _LentPixels:
+    """Memory lent to one image: the Arrow structs that describe it as one flat uint8 array,
+    and an export of the buffer, which keeps it mapped (a shared block cannot be unmapped
+    while an export is open) for as long as the image holds it."""
+
+    def __init__(self, memory: memoryview) -> None:
+        self.token = 0
+        self.data = (ctypes.c_char * memory.nbytes).from_buffer(memory)
+        self.schema = _ArrowSchema(format=b"C", name=b"", release=_RELEASE_SCHEMA)
+        self.buffers = (ctypes.c_void_p * 2)(None, ctypes.addressof(self.data))
+        self.array = _ArrowArray(
+            length=memory.nbytes,
+            n_buffers=2,
+            buffers=ctypes.cast(self.buffers, ctypes.POINTER(ctypes.c_void_p)),
+            release=_RELEASE_ARRAY,
+        )
+
+    def __arrow_c_array__(self, requested_schema: object = None) -> tuple[object, object]:
+        # Pillow keeps a reference to the array's capsule for the image's life (it reads the
+        # structs only while it makes the image): the capsule's destructor ends the loan.
+        schema = _capsule_new(ctypes.addressof(self.schema), b"arrow_schema", None)
+        array = _capsule_new(ctypes.addressof(self.array), b"arrow_array", _CAPSULE_GONE)
+        self.token = id(array)
+        _lent[self.token] = self
+        return schema, array
+
+
+def borrowed_image(
+    memory: memoryview, mode: str, size: tuple[int, int]
+) -> tuple[Image.Image, int] | None:
+    """A read-only image of ``mode`` and ``size`` whose pixels are ``memory`` itself, laid out
+    as Pillow keeps them (one byte a pixel for ``L``; four for ``RGB``, the fourth unused, and
+    for ``RGBA``), and a token for :func:`still_borrowed`; None where Pillow cannot make one
+    (before 11.2, another mode or layout, read-only memory): copy the pixels then.
+
+    ``memory`` stays mapped while the image holds it. Whoever writes to it again must first
+    know the image is gone (:func:`still_borrowed`), or the image's pixels change under it.
+    """
+    width, height = size
+    if (
+        memory.readonly
+        or mode not in _BORROWABLE
+        or memory.nbytes != width * height * _BORROWABLE[mode]
+        or not hasattr(Image, "fromarrow")
+    ):
+        return None
+    lent = _LentPixels(memory)
+    try:
+        image = Image.fromarrow(lent, mode, size)
+    except ValueError:
+        return None
+    return image, lent.token
+
+
+def still_borrowed(token: int) -> bool:
+    """Whether the image :func:`borrowed_image` gave with ``token`` still holds its memory."""
+    return token in _lent
 
 
 def rgb_pixels(image: Image.Image) -> tuple[np.ndarray, object]:
