@@ -529,6 +529,48 @@ def test_items_cross_in_shared_memory_as_they_were_given() -> None:
         inbox.drop()
 
 
+def processor_keeping_its_items(model: str, **options: object) -> mmproc.Processor:
+    """``get_processor``, with a ``process_mm_data`` that keeps every image it is given, the
+    mistake a plugin may make, and fails a call if an image it kept has changed since."""
+    processor = mmproc.get_processor(model, **options)  # type: ignore[arg-type]
+    hooks, kept = processor.model, []
+
+    def process_mm_data(*args: object) -> object:
+        for image, pixels in kept:
+            assert np.array_equal(np.asarray(image), pixels), "a kept image changed"
+        kept.extend((image, np.asarray(image).copy()) for image in args[3]["image"])  # type: ignore[index]
+        return original(*args)
+
+    original, hooks.process_mm_data = hooks.process_mm_data, process_mm_data  # type: ignore[method-assign]
+    return processor
+
+
+def test_a_plugin_that_keeps_its_items_gets_a_new_items_block_each_call_and_they_never_change(
+    qwen_folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mmproc.context import ProcessingMode
+
+    workers = WorkerProcesses(
+        WorkerSpec(str(qwen_folder), processor_keeping_its_items),
+        1,
+        timeout_s=60,
+        model="Keeper",
+        background=False,
+    )
+    try:
+        for seed in (23, 24, 25):  # each call checks that the images it kept are unchanged
+            mode = ProcessingMode(media_only=True, raw_pixels=False)
+            workers.call(mode, IMAGE, {"image": [noise_image(56, 56, seed=seed)]}, {})
+            # The worker's items block was given up: the next call gets a new one.
+            assert not [name for name in workers.kept_blocks if name.endswith("_in")]
+    finally:
+        workers.close()
+    warnings = [
+        r.getMessage() for r in caplog.records if "kept a reference to its items" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and warnings[0].startswith("Keeper: process_mm_data kept")
+
+
 def test_a_call_that_kept_its_items_is_told_apart_from_one_that_let_them_go() -> None:
     inbox = KeptBlock(98, "in")
     try:

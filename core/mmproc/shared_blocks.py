@@ -119,11 +119,23 @@ def release_block(name: str | None) -> None:
         logger.warning("shared memory block %s could not be unlinked: %s", name, exc)
 
 
+# Blocks whose mapping a view still holds (a copy cut short by an error, an image a plugin kept):
+# closed once the view is gone. Dropped instead, each would report its BufferError on stderr
+# when it is collected.
+_still_viewed: list[SharedMemory] = []
+
+
 def _unmap(block: SharedMemory) -> None:
-    """Close this process's mapping of a block; where a view of it is still open (a copy cut
-    short by an error), the mapping goes when the view does."""
-    with contextlib.suppress(BufferError):
+    """Close this process's mapping of a block; where a view of it is still open, the mapping
+    goes when the view does (tried again at each later unmap)."""
+    for viewed in list(_still_viewed):
+        with contextlib.suppress(BufferError):
+            viewed.close()
+            _still_viewed.remove(viewed)
+    try:
         block.close()
+    except BufferError:
+        _still_viewed.append(block)
 
 
 def drop_block(block: SharedMemory | None) -> None:
